@@ -1,0 +1,137 @@
+"""Public entry points: argument checks, backend choice, then the backend does the work."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import reference
+from .formats import BLOCK, NVFP4Data, NVFP4Tensor
+
+INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DEQUANTIZE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+GEMM_OUT_DTYPES = (torch.bfloat16, torch.float32)
+SCALINGS = ("row", "tensor")
+BLOCKS = ((1, 16), (16, 16))
+BACKENDS = ("reference", "cuda")
+
+
+def _names(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def choose_backend(device: torch.device, backend: str | None) -> str:
+    """`backend=` wins, then FP4GEN_BACKEND, then the device: CUDA tensors -> cuda, others -> reference."""
+    source = "backend"
+    if backend is None and os.environ.get("FP4GEN_BACKEND"):
+        backend, source = os.environ["FP4GEN_BACKEND"], "FP4GEN_BACKEND"
+    if backend is None:
+        return "cuda" if device.type == "cuda" else "reference"
+    if backend not in BACKENDS:
+        raise ValueError(f"{source}={backend!r} is not a backend; choose one of {', '.join(BACKENDS)}")
+    if backend == "cuda" and device.type != "cuda":
+        raise ValueError(f"{source}='cuda' needs CUDA tensors, but the input is on {device}")
+    return backend
+
+
+def _cuda_backend():
+    from . import cuda  # imported lazily: loading kernels is only needed for CUDA tensors
+
+    return cuda
+
+
+def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool = True,
+             columnwise: bool = True, backend: str | None = None) -> NVFP4Tensor:
+    """Quantize x [..., K] (flattened to [M, K]) to NVFP4.
+
+    scaling: "row" (per-row amax for the rowwise copy, per-column amax for the columnwise copy) or
+    "tensor" (one amax). block: (1, 16) or (16, 16) (16x16 tiles, per-tensor scaling only, for weights).
+    rowwise gives the quantization of x [M, K]; columnwise that of x.T [K, M].
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"x.dtype is {x.dtype}; fp4gen.quantize takes {_names(INPUT_DTYPES)}")
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling={scaling!r} is not supported; choose one of {', '.join(map(repr, SCALINGS))}")
+    try:
+        block = tuple(int(b) for b in block)
+    except TypeError:
+        raise TypeError(f"block must be a pair such as (1, 16), got {block!r}") from None
+    if block not in BLOCKS:
+        raise ValueError(f"block={block} is not supported; choose (1, 16) or (16, 16)")
+    if block == (16, 16) and scaling == "row":
+        raise ValueError("block=(16, 16) needs scaling='tensor': 16x16 tiles share one scale across "
+                         "16 rows, so they cannot take a per-row amax")
+    if not (rowwise or columnwise):
+        raise ValueError("rowwise and columnwise are both False; ask for at least one output")
+    if x.dim() == 0:
+        raise ValueError("x is a 0-d tensor; it needs at least one dimension [..., K]")
+    k = x.shape[-1]
+    x2d = x.reshape(-1, k)
+    m = x2d.shape[0]
+    if k % BLOCK:
+        raise ValueError(f"x has K = x.shape[-1] = {k}; K must be a multiple of {BLOCK} (the NVFP4 block)")
+    if (columnwise or block == (16, 16)) and m % BLOCK:
+        why = "the columnwise copy blocks 16 rows" if columnwise else "16x16 blocks span 16 rows"
+        raise ValueError(f"x flattens to M = {m} rows; M must be a multiple of {BLOCK} because {why}")
+    name = choose_backend(x.device, backend)
+    impl = reference if name == "reference" else _cuda_backend()
+    row, col = impl.quantize(x2d, scaling, block, rowwise, columnwise)
+    return NVFP4Tensor(row, col, tuple(x.shape), x.dtype, scaling, block)
+
+
+def _require_operand(name: str, value) -> NVFP4Data:
+    if not isinstance(value, NVFP4Data):
+        hint = f" (use {name}.rowwise or {name}.columnwise)" if isinstance(value, NVFP4Tensor) else ""
+        raise TypeError(f"{name} must be an fp4gen.NVFP4Data operand, got {type(value).__name__}{hint}")
+    return value
+
+
+def dequantize(operand: NVFP4Data, dtype: torch.dtype = torch.bfloat16,
+               backend: str | None = None) -> torch.Tensor:
+    """Decode an NVFP4 operand to a [rows, cols] tensor of `dtype` (bfloat16, float16 or float32)."""
+    operand = _require_operand("operand", operand)
+    if dtype not in DEQUANTIZE_DTYPES:
+        raise TypeError(f"dtype={dtype}; fp4gen.dequantize produces {_names(DEQUANTIZE_DTYPES)}")
+    name = choose_backend(operand.device, backend)
+    impl = reference if name == "reference" else _cuda_backend()
+    return impl.dequantize(operand, dtype)
+
+
+def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+         accumulate: bool = False, backend: str | None = None) -> torch.Tensor:
+    """D = A @ B.T for K-major NVFP4 operands a [M, K] and b [N, K], with the bilateral scale
+    D[i, j] = acc[i, j] * (a.amax[i or 0] / 2688) * (b.amax[j or 0] / 2688) applied in the epilogue.
+
+    out_dtype defaults to out.dtype when `out` is given, else bfloat16. accumulate=True adds D into
+    `out` (for fp32 main-grad accumulation) and returns it.
+    """
+    a = _require_operand("a", a)
+    b = _require_operand("b", b)
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}; both operands must be on one device")
+    (m, k), (n, kb) = a.shape, b.shape
+    if k != kb:
+        raise ValueError(f"a is [M, K] = [{m}, {k}] and b is [N, K] = [{n}, {kb}]; their K must match "
+                         f"(both operands are K-major)")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+        if out_dtype is None:
+            out_dtype = out.dtype
+        if out.dtype != out_dtype:
+            raise TypeError(f"out.dtype is {out.dtype} but out_dtype is {out_dtype}; they must agree")
+        if tuple(out.shape) != (m, n):
+            raise ValueError(f"out has shape {tuple(out.shape)}; for a [{m}, {k}] and b [{n}, {k}] it must "
+                             f"be [{m}, {n}]")
+        if out.device != a.device:
+            raise ValueError(f"out is on {out.device} but the operands are on {a.device}")
+    elif accumulate:
+        raise ValueError("accumulate=True adds into `out`, but out is None; pass the tensor to add into")
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    if out_dtype not in GEMM_OUT_DTYPES:
+        raise TypeError(f"out_dtype is {out_dtype}; fp4gen.gemm produces {_names(GEMM_OUT_DTYPES)}")
+    name = choose_backend(a.device, backend)
+    impl = reference if name == "reference" else _cuda_backend()
+    return impl.gemm(a, b, out_dtype, out, accumulate)

@@ -1,0 +1,101 @@
+"""The NVFP4 containers: one quantized direction (`NVFP4Data`) and a quantized tensor (`NVFP4Tensor`).
+
+Layout (spec/nvfp4-numerics.md sections 1 and 4): an operand of logical shape [rows, cols] holds
+  data   uint8 [rows, cols/2]          E2M1 codes, element 2j in the low nibble of byte j
+  scale  float8_e4m3fn [rows, cols/16] one decode scale per 16 consecutive elements of a row (compact)
+  amax   float32 [rows] or [1]         second-level amax: per row (row-scaled) or per tensor
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK = 16  # elements per NVFP4 scale block along a row
+
+
+def _require_tensor(name: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _require_dtype(name: str, t: torch.Tensor, dtype: torch.dtype, hint: str = "") -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{name}.dtype is {t.dtype}; it must be {dtype}{hint}")
+
+
+def _require_inner_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.dim() == 2 and t.shape[1] > 1 and t.stride(1) != 1:
+        raise ValueError(
+            f"{name} has strides {tuple(t.stride())}; its last dimension must be contiguous (stride 1)")
+
+
+@dataclass(frozen=True, eq=False)
+class NVFP4Data:
+    """One K-major NVFP4 operand: `data`, `scale` and `amax` of a [rows, cols] matrix.
+
+    Validated on construction, so a user can build one from their own tensors and get a clear error
+    for a wrong dtype, shape, amax length or device.
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    amax: torch.Tensor
+
+    def __post_init__(self):
+        data = _require_tensor("data", self.data)
+        scale = _require_tensor("scale", self.scale)
+        amax = _require_tensor("amax", self.amax)
+        _require_dtype("data", data, torch.uint8, " (two E2M1 codes per byte)")
+        _require_dtype("scale", scale, torch.float8_e4m3fn,
+                       " (E4M3 block scales; a uint8 tensor of scale bytes can be passed as "
+                       "scale.view(torch.float8_e4m3fn))")
+        _require_dtype("amax", amax, torch.float32)
+        if data.dim() != 2:
+            raise ValueError(f"data must be 2-D [rows, cols/2], got shape {tuple(data.shape)}")
+        rows, cols = data.shape[0], 2 * data.shape[1]
+        if cols % BLOCK:
+            raise ValueError(
+                f"data has shape {tuple(data.shape)}, i.e. {cols} columns; the column count must be a "
+                f"multiple of {BLOCK} (one E4M3 scale per {BLOCK} elements)")
+        if tuple(scale.shape) != (rows, cols // BLOCK):
+            raise ValueError(
+                f"scale has shape {tuple(scale.shape)}; for data of shape {tuple(data.shape)} "
+                f"([{rows}, {cols}] elements) it must be [{rows}, {cols // BLOCK}]")
+        if amax.dim() != 1 or amax.shape[0] not in (1, rows):
+            raise ValueError(
+                f"amax has shape {tuple(amax.shape)}; it must be [1] (per-tensor) or [{rows}] "
+                f"(one per row)")
+        for name, t in (("scale", scale), ("amax", amax)):
+            if t.device != data.device:
+                raise ValueError(f"{name} is on {t.device} but data is on {data.device}; "
+                                 f"all tensors of an operand must be on one device")
+        _require_inner_contiguous("data", data)
+        _require_inner_contiguous("scale", scale)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Logical [rows, cols] shape in elements."""
+        return (self.data.shape[0], 2 * self.data.shape[1])
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def row_scaled(self) -> bool:
+        """True when amax holds one value per row (a one-row operand counts as per-tensor)."""
+        return self.amax.shape[0] != 1
+
+
+@dataclass(frozen=True, eq=False)
+class NVFP4Tensor:
+    """The result of `fp4gen.quantize`: a rowwise copy of x [M, K] and/or a columnwise copy (of x.T)."""
+
+    rowwise: NVFP4Data | None
+    columnwise: NVFP4Data | None
+    shape: tuple  # shape of the original (unflattened) input
+    dtype: torch.dtype  # dtype of the original input
+    scaling: str  # "row" or "tensor"
+    block: tuple  # (1, 16) or (16, 16)

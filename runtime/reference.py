@@ -1,0 +1,201 @@
+"""The reference backend: NVFP4 numerics in plain PyTorch, bit-exact with spec/nvfp4-numerics.md.
+
+Every formula below is one fp32 operation per step in the spec's order (PyTorch fp32 elementwise ops
+are IEEE round-to-nearest-even); section numbers refer to that spec. Runs on any device.
+
+fp4gen's deliberate difference from upstream (design.md section 3): second-level amaxes propagate
+NaN. Block amaxes ignore NaN as upstream's kernels do, and a NaN element encodes as +6 (code 0x7,
+what the hardware `cvt.rn.satfinite` gives), so the stored bytes are defined for every input and the
+NaN amax makes the whole row (or tensor) dequantize to NaN.
+"""
+from __future__ import annotations
+
+import torch
+
+from .formats import BLOCK, NVFP4Data
+
+FLT_MAX = torch.finfo(torch.float32).max
+E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+# fl(6 * 448) = 2688 exactly; the encode scale divides by it, the decode scale multiplies by fl(1/2688).
+GLOBAL_ENCODE_NUMERATOR = E4M3_MAX * E2M1_MAX
+
+_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def _f32(value: float, device) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32, device=device)
+
+
+def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
+    """GES (section 2.1): fl(2688 / amax), capped at FLT_MAX with C's fminf (a NaN quotient gives
+    FLT_MAX), and 1 where amax is 0 or the quotient is 0 (amax = +Inf)."""
+    s = _f32(GLOBAL_ENCODE_NUMERATOR, amax.device) / amax
+    s = torch.fmin(s, _f32(FLT_MAX, amax.device))
+    return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
+
+
+def _to_e4m3_satfinite(v: torch.Tensor) -> torch.Tensor:
+    """fp32 -> E4M3 with RNE and saturation to 448; NaN stays NaN (section 1.2 `E4M3(v)`).
+
+    PyTorch's conversion rounds correctly but maps values above 464 to NaN, so clamp first; values in
+    (448, 464] round to 448 either way, so the clamp changes nothing else.
+    """
+    return torch.clamp(v, max=E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def e2m1_encode(y: torch.Tensor) -> torch.Tensor:
+    """E2M1_RN (section 1.1): round to nearest, ties to the even code, saturate to +-6.
+
+    Returns uint8 codes. The sign bit is set iff y < 0 (so -0.0 gives code 0, as the reference does);
+    NaN gives code 0x7 (+6).
+    """
+    a = y.abs()
+    step = torch.where(a < 2, 0.5, torch.where(a < 4, 1.0, 2.0)).to(torch.float32)
+    v = torch.clamp(torch.round(a / step) * step, max=E2M1_MAX)  # torch.round: half to even
+    # value -> code: [0, 2) -> 2v, [2, 4) -> v + 2, 4 -> 6, 6 -> 7
+    code = torch.where(v < 2, v * 2, torch.where(v < 4, v + 2, torch.where(v == 4, 6.0, 7.0)))
+    code = torch.where(torch.isnan(y), 7.0, code).to(torch.uint8)
+    return code | ((y < 0).to(torch.uint8) << 3)
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 E2M1 codes (one per element) -> their exact float32 values."""
+    table = torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    return table[codes.long()]
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """[R, C] uint8 codes -> [R, C/2] bytes, element 2j in the low nibble of byte j."""
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+
+
+def unpack_nibbles(data: torch.Tensor) -> torch.Tensor:
+    """[R, C/2] bytes -> [R, C] uint8 codes (inverse of pack_nibbles)."""
+    out = torch.stack((data & 0xF, data >> 4), dim=-1)
+    return out.reshape(data.shape[0], 2 * data.shape[1])
+
+
+def _abs_max(x: torch.Tensor, dims) -> torch.Tensor:
+    """NaN-propagating max |x| over `dims`; 0 over an empty extent."""
+    if x.numel() == 0:
+        shape = [s for d, s in enumerate(x.shape) if d not in dims]
+        return torch.zeros(shape, dtype=torch.float32, device=x.device)
+    return x.abs().amax(dim=dims)
+
+
+def _abs_max_ignore_nan(x: torch.Tensor, dims) -> torch.Tensor:
+    """Block amax as upstream's kernels compute it: max |x| with NaN elements ignored."""
+    a = x.abs()
+    return torch.where(torch.isnan(a), torch.zeros_like(a), a).amax(dim=dims)
+
+
+def _encode_blocks(x: torch.Tensor, bamax: torch.Tensor, s_enc: torch.Tensor):
+    """Q1D steps 2.2-2.3 for blocks of x.
+
+    x: fp32 [..., n, 16] (the elements of each block), bamax: [..., n] block amax,
+    s_enc: broadcastable to bamax, the block's global encode scale. Returns (E4M3 scales [..., n],
+    uint8 codes [..., n, 16]).
+    """
+    dev = x.device
+    m = s_enc * _f32(1.0 / 6.0, dev)  # fl(S_enc * fl(1/6))
+    sdec = _to_e4m3_satfinite(torch.clamp(bamax * m, max=FLT_MAX))
+    s_dec_global = _f32(1.0, dev) / s_enc  # IEEE division
+    r = torch.clamp(_f32(1.0, dev) / (sdec.float() * s_dec_global), max=FLT_MAX)  # 1/0 = inf -> FLT_MAX
+    codes = e2m1_encode(x * r.unsqueeze(-1))
+    return sdec, codes
+
+
+def _quantize_1d(x: torch.Tensor, amax: torch.Tensor) -> NVFP4Data:
+    """Rowwise 1x16 quantization of fp32 x [R, C] with amax [R] (row-scaled) or [1] (per-tensor)."""
+    rows, cols = x.shape
+    blocks = x.reshape(rows, cols // BLOCK, BLOCK)
+    s_enc = global_encode_scale(amax).reshape(-1, 1)  # [R or 1, 1] broadcasts over blocks
+    sdec, codes = _encode_blocks(blocks, _abs_max_ignore_nan(blocks, -1), s_enc)
+    return NVFP4Data(pack_nibbles(codes.reshape(rows, cols)), sdec.contiguous(), amax)
+
+
+def _quantize_2d(x: torch.Tensor, amax: torch.Tensor, rowwise: bool, columnwise: bool):
+    """16x16 quantization (section 6.2) of fp32 x [M, K] with a per-tensor amax [1].
+
+    One scale per 16x16 tile, replicated on each of the tile's 16 rows (rowwise) or 16 transposed rows
+    (columnwise); the columnwise codes are the exact transpose of the rowwise codes.
+    """
+    m, k = x.shape
+    tiles = x.reshape(m // BLOCK, BLOCK, k // BLOCK, BLOCK).permute(0, 2, 1, 3)  # [mt, kt, 16, 16]
+    tiles = tiles.reshape(m // BLOCK, k // BLOCK, BLOCK * BLOCK)
+    sdec, codes = _encode_blocks(tiles, _abs_max_ignore_nan(tiles, -1), global_encode_scale(amax))
+    codes = codes.reshape(m // BLOCK, k // BLOCK, BLOCK, BLOCK).permute(0, 2, 1, 3).reshape(m, k)
+    row = col = None
+    if rowwise:
+        row = NVFP4Data(pack_nibbles(codes), sdec.repeat_interleave(BLOCK, dim=0).contiguous(), amax)
+    if columnwise:
+        col = NVFP4Data(pack_nibbles(codes.t().contiguous()),
+                        sdec.t().repeat_interleave(BLOCK, dim=0).contiguous(), amax.clone())
+    return row, col
+
+
+def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool):
+    """Quantize a validated 2-D input; returns (rowwise, columnwise) NVFP4Data or None each."""
+    x = x2d.float().contiguous()  # elementwise results then come out row-major too
+    if block == (16, 16):
+        return _quantize_2d(x, _abs_max(x, (0, 1)).reshape(1), rowwise, columnwise)
+    row = col = None
+    if scaling == "row":
+        if rowwise:
+            row = _quantize_1d(x, _abs_max(x, (1,)))
+        if columnwise:
+            xt = x.t().contiguous()
+            col = _quantize_1d(xt, _abs_max(xt, (1,)))  # per-column amax of x
+    else:
+        amax = _abs_max(x, (0, 1)).reshape(1)
+        if rowwise:
+            row = _quantize_1d(x, amax)
+        if columnwise:
+            col = _quantize_1d(x.t().contiguous(), amax.clone())
+    return row, col
+
+
+def decode_factor(operand: NVFP4Data) -> torch.Tensor:
+    """Per-block dequantization factor fs = fl(fl(sdec * amax) * fl(1/2688)) (section 2.4), [R, C/16]."""
+    dev = operand.device
+    amax = operand.amax.reshape(-1, 1)
+    return (operand.scale.float() * amax) * _f32(1.0 / GLOBAL_ENCODE_NUMERATOR, dev)
+
+
+def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
+    """out = OType(fl(e2m1 * fs)) (section 2.4), [rows, cols]."""
+    rows, cols = operand.shape
+    values = e2m1_decode(unpack_nibbles(operand.data)).reshape(rows, cols // BLOCK, BLOCK)
+    out = values * decode_factor(operand).unsqueeze(-1)
+    return out.reshape(rows, cols).to(dtype)
+
+
+def block_scaled_values(operand: NVFP4Data) -> torch.Tensor:
+    """e2m1 * E4M3 block scale for every element (exact in fp32), without the second-level amax."""
+    rows, cols = operand.shape
+    values = e2m1_decode(unpack_nibbles(operand.data)).reshape(rows, cols // BLOCK, BLOCK)
+    return (values * operand.scale.float().unsqueeze(-1)).reshape(rows, cols)
+
+
+def bilateral_scale(amax: torch.Tensor) -> torch.Tensor:
+    """The per-row or per-column factor the GEMM epilogue applies: fl(amax * fl(1/2688))."""
+    return amax * _f32(1.0 / GLOBAL_ENCODE_NUMERATOR, amax.device)
+
+
+def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out: torch.Tensor | None,
+         accumulate: bool) -> torch.Tensor:
+    """D[i, j] = fl(fl(acc[i, j] * col_scale[j]) * row_scale[i]) (+ out when accumulating).
+
+    acc is the block-scaled product sum_k A[i,k] B[j,k], accumulated here in float64 and rounded once
+    to fp32 (the GPU kernels accumulate in fp32 in their own order, design.md section 3).
+    """
+    acc = (block_scaled_values(a).double() @ block_scaled_values(b).double().t()).float()
+    d = (acc * bilateral_scale(b.amax).reshape(1, -1)) * bilateral_scale(a.amax).reshape(-1, 1)
+    if accumulate:
+        d = d + out.float()
+    d = d.to(out_dtype)
+    if out is None:
+        return d
+    out.copy_(d)
+    return out
