@@ -1,0 +1,78 @@
+"""Load built kernel libraries with ctypes and call their C ABI (templates/include/fp4gen/abi.h)."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+
+from ..errors import BuildError, KernelError
+from .manifest import INDEX, lib_dir, load_manifest
+
+ABI_VERSION = 1  # must equal FP4GEN_ABI_VERSION in templates/include/fp4gen/abi.h
+_CTYPES = {"pointer": ctypes.c_void_p, "int64": ctypes.c_int64}
+_STATUS = {
+    1: "the problem breaks the kernel's shape or stride rules",
+    2: "a pointer or row stride breaks the kernel's alignment",
+}
+
+
+def _build_hint(entry: dict) -> str:
+    return f"run `python build.py --arch {entry['arch']}` (or plain `python build.py`)"
+
+
+class Kernel:
+    """One built kernel library; `run(*args)` launches it on the given stream and raises on failure."""
+
+    def __init__(self, entry: dict, headers_sha256: str):
+        self.name = entry["name"]
+        path = lib_dir() / f"{self.name}.so"
+        if not path.exists():
+            raise BuildError(f"kernel {self.name} is declared in generated/manifest.json but not built "
+                             f"(no {path}): {_build_hint(entry)}")
+        try:
+            built = json.loads((lib_dir() / INDEX).read_text()).get(self.name, {})
+        except (OSError, ValueError):
+            built = {}
+        if built.get("source_sha256") != entry["source_sha256"] or built.get("headers_sha256") != headers_sha256:
+            raise BuildError(f"the built library {path} is stale: generated/{self.name}.cu or its headers changed "
+                             f"since it was built; {_build_hint(entry)}")
+        try:
+            lib = ctypes.CDLL(str(path))
+            version = lib.fp4gen_abi_version()
+        except (OSError, AttributeError) as exc:
+            raise BuildError(f"{path} does not load as an fp4gen kernel library ({exc}); {_build_hint(entry)}") from None
+        if version != ABI_VERSION:
+            raise BuildError(f"{path} has ABI version {version}, this runtime expects {ABI_VERSION}; "
+                             f"{_build_hint(entry)}")
+        argtypes = [_CTYPES[kind] for _, _, kind in entry["params"]]
+        self._run = getattr(lib, entry["symbols"]["run"])
+        self._run.argtypes, self._run.restype = argtypes + [ctypes.c_void_p], ctypes.c_int
+        self._can_implement = getattr(lib, entry["symbols"]["can_implement"])
+        self._can_implement.argtypes, self._can_implement.restype = argtypes, ctypes.c_int
+        self._workspace_size = getattr(lib, entry["symbols"]["workspace_size"])
+        self._workspace_size.argtypes, self._workspace_size.restype = argtypes, ctypes.c_size_t
+
+    def _raise_for(self, status: int, call: str):
+        if status >= 1000:
+            raise KernelError(f"{self.name}: {call} failed with CUDA error {status - 1000}")
+        raise KernelError(f"{self.name}: {call} refused the problem (status {status}: "
+                          f"{_STATUS.get(status, 'unknown status')})")
+
+    def can_implement(self, *args) -> int:
+        return self._can_implement(*args)
+
+    def workspace_size(self, *args) -> int:
+        return self._workspace_size(*args)
+
+    def run(self, *args, stream: int) -> None:
+        status = self._run(*args, stream)
+        if status:
+            self._raise_for(status, "run")
+
+
+@functools.lru_cache(maxsize=None)
+def load_kernel(name: str) -> Kernel:
+    manifest = load_manifest()
+    if name not in manifest["kernels"]:
+        raise BuildError(f"kernel {name} is not in generated/manifest.json; run `python build.py`")
+    return Kernel(manifest["kernels"][name], manifest["headers_sha256"])

@@ -1,0 +1,58 @@
+"""Kernel selection: a pure function from a problem to a manifest kernel name, with reasons when none fits."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from ..errors import BuildError
+
+
+@dataclass(frozen=True)
+class Problem:
+    op: str
+    compute_capability: tuple
+    dtypes: dict  # axis -> torch dtype name, e.g. {"out_dtype": "bfloat16"}
+    cols: int = 0  # the dimension that kernels constrain (`cols_multiple_of`)
+    pointers: dict = field(default_factory=dict)  # argument -> address (alignment checks)
+
+    def describe(self) -> str:
+        dtypes = ", ".join(f"{k}={v}" for k, v in sorted(self.dtypes.items()))
+        cc = ".".join(map(str, self.compute_capability))
+        return f"{self.op} on compute capability {cc}" + (f" with {dtypes}" if dtypes else "")
+
+
+def _rule_violations(kernel: dict, problem: Problem) -> list:
+    reasons = []
+    multiple = kernel["constraints"].get("cols_multiple_of")
+    if multiple and problem.cols % multiple:
+        reasons.append(f"{kernel['name']} needs cols to be a multiple of {multiple}, got {problem.cols}")
+    for arg, align in kernel["alignment"].items():
+        address = problem.pointers.get(arg)
+        if address is not None and address % align:
+            reasons.append(f"{kernel['name']} needs `{arg}` {align}-byte aligned, got address {address:#x}")
+    return reasons
+
+
+def select(problem: Problem, manifest: dict) -> str:
+    """Filter the manifest by operation, arch and dtypes, then by each kernel's rules.
+
+    Only one kernel per (op, arch, dtypes) exists so far, so ranking is trivial: the first by name.
+    A problem no declared kernel covers is a BuildError (declare it in a spec); a declared kernel whose
+    rules the problem breaks is a ValueError naming the rule.
+    """
+    candidates = [k for name, k in sorted(manifest["kernels"].items())
+                  if k["op"] == problem.op and tuple(k["compute_capability"]) == tuple(problem.compute_capability)
+                  and all(k["torch_dtypes"].get(axis) == v for axis, v in problem.dtypes.items())]
+    if not candidates:
+        raise BuildError(f"no kernel in generated/manifest.json implements {problem.describe()}: declare it in a "
+                         f"spec under codegen/specs/ and run `python build.py` (backend='reference' runs anywhere)")
+    reasons = []
+    for kernel in candidates:
+        violations = _rule_violations(kernel, problem)
+        if not violations:
+            if os.environ.get("FP4GEN_PRINT_CONFIGS") == "1":
+                print(f"fp4gen: {problem.describe()} -> {kernel['name']}", file=sys.stderr)
+            return kernel["name"]
+        reasons += violations
+    raise ValueError(f"no kernel can take {problem.describe()}: " + "; ".join(reasons))

@@ -1,0 +1,89 @@
+"""build.py's compiler side without compiling: ninja text, cache keys, missing-tool messages."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codegen import tables
+from codegen.ninja import CompileJob, build_seconds, write_ninja
+from codegen.toolchain import Toolchain, cache_key
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLCHAIN = Toolchain("/opt/cuda/bin/nvcc", "Build cuda_13.0", Path("/cutlass/include"), "4.2.0.0",
+                      Path("/repo/templates/include"))
+
+
+def test_flags_name_the_arch_target():
+    assert "-gencode=arch=compute_90a,code=sm_90a" in TOOLCHAIN.flags("sm90a")
+    assert "-gencode=arch=compute_100a,code=sm_100a" in TOOLCHAIN.flags("sm100a")
+    assert TOOLCHAIN.include_flags() == ["-I/repo/templates/include", "-I/cutlass/include"]
+
+
+def test_ninja_file_lists_each_job_with_its_flags(tmp_path):
+    jobs = [CompileJob(f"k_{arch}", arch, tmp_path / f"k_{arch}.cu", tmp_path / "cache" / f"k_{arch}.abc", tuple(TOOLCHAIN.flags(arch)))
+            for arch in tables.ARCHS]
+    write_ninja(tmp_path / "build.ninja", TOOLCHAIN.nvcc, TOOLCHAIN.include_flags(), jobs, tmp_path / "tmp")
+    text = (tmp_path / "build.ninja").read_text()
+    for job in jobs:
+        assert f"build {job.library}: nvcc {job.source}" in text
+    assert "compute_90a,code=sm_90a" in text and "compute_100a,code=sm_100a" in text
+    assert "mv -T $tmp $entry" in text  # published by rename only once nvcc succeeded
+
+
+def test_cache_key_covers_source_headers_flags_and_tool_versions():
+    headers = {"fp4gen/abi.h": "1" * 64}
+    base = cache_key("src", "sm90a", TOOLCHAIN, headers)
+    assert base == cache_key("src", "sm90a", TOOLCHAIN, dict(headers))
+    variants = [
+        cache_key("src2", "sm90a", TOOLCHAIN, headers),
+        cache_key("src", "sm100a", TOOLCHAIN, headers),
+        cache_key("src", "sm90a", TOOLCHAIN, {"fp4gen/abi.h": "2" * 64}),
+        cache_key("src", "sm90a", Toolchain(TOOLCHAIN.nvcc, "Build cuda_13.1", TOOLCHAIN.cutlass_include,
+                                            TOOLCHAIN.cutlass_version, TOOLCHAIN.fp4gen_include), headers),
+        cache_key("src", "sm90a", Toolchain(TOOLCHAIN.nvcc, TOOLCHAIN.nvcc_version, TOOLCHAIN.cutlass_include,
+                                            "4.3.0.0", TOOLCHAIN.fp4gen_include), headers),
+    ]
+    assert len({base, *variants}) == 1 + len(variants)
+    # where the tools are installed is not part of the key: the same inputs elsewhere hit the cache
+    moved = Toolchain("/usr/local/cuda/bin/nvcc", TOOLCHAIN.nvcc_version, Path("/venv/cutlass"),
+                      TOOLCHAIN.cutlass_version, Path("/other/templates/include"))
+    assert cache_key("src", "sm90a", moved, headers) == base
+
+
+def test_build_seconds_reads_ninja_log(tmp_path):
+    (tmp_path / ".ninja_log").write_text("# ninja log v5\n100\t2600\t0\t/c/k.so\tabc\n")
+    assert build_seconds(tmp_path) == {"/c/k.so": 2.5}
+
+
+def _copy_project(tmp_path):
+    for part in ("codegen", "templates", "generated"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "build.py", tmp_path)
+    return tmp_path
+
+
+def _run_build(project, env_changes):
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_HOME"}
+    env.update(env_changes)
+    return subprocess.run([sys.executable, str(project / "build.py")], capture_output=True, text=True, env=env)
+
+
+def test_missing_nvcc_is_a_clear_message(tmp_path):
+    result = _run_build(_copy_project(tmp_path), {"PATH": str(Path(sys.executable).parent)})
+    assert shutil.which("nvcc", path=str(Path(sys.executable).parent)) is None
+    assert result.returncode == 2 and "nvcc not found" in result.stderr and "CUDA_HOME" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_cuda_home_is_a_clear_message(tmp_path):
+    result = _run_build(_copy_project(tmp_path), {"CUDA_HOME": str(tmp_path / "nowhere")})
+    assert result.returncode == 2 and "CUDA_HOME=" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to get past the nvcc check")
+def test_missing_cutlass_headers_is_a_clear_message(tmp_path):
+    result = _run_build(_copy_project(tmp_path), {"FP4GEN_CUTLASS_DIR": str(tmp_path / "nowhere")})
+    assert result.returncode == 2 and "FP4GEN_CUTLASS_DIR" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,101 @@
+"""Runtime pieces that need no GPU: kernel selection, library loading errors, the ABI of built libraries."""
+import json
+
+import pytest
+import torch
+
+import fp4gen
+from fp4gen.cuda import library
+from fp4gen.cuda.manifest import MANIFEST_PATH, lib_dir, load_manifest
+from fp4gen.cuda.select import Problem, select
+
+MANIFEST = load_manifest()
+NAME = "dequantize_nvfp4_to_bf16_sm90a"
+
+
+def _problem(**kw):
+    base = dict(op="dequantize", compute_capability=(9, 0), dtypes={"out_dtype": "bfloat16"}, cols=64,
+                pointers={"data": 0x1000, "out": 0x2000})
+    base.update(kw)
+    return Problem(**base)
+
+
+def test_select_matches_op_arch_and_dtype():
+    assert select(_problem(), MANIFEST) == NAME
+    assert select(_problem(compute_capability=(10, 0), dtypes={"out_dtype": "float32"}), MANIFEST) == \
+        "dequantize_nvfp4_to_fp32_sm100a"
+
+
+def test_select_without_a_declared_kernel_is_a_build_error():
+    with pytest.raises(fp4gen.BuildError, match=r"dequantize on compute capability 8\.0.*codegen/specs.*build\.py"):
+        select(_problem(compute_capability=(8, 0)), MANIFEST)
+    with pytest.raises(fp4gen.BuildError, match=r"gemm on compute capability 9\.0"):
+        select(_problem(op="gemm"), MANIFEST)
+
+
+def test_select_reports_the_rule_a_problem_breaks():
+    with pytest.raises(ValueError, match=r"`data` 8-byte aligned, got address 0x1001"):
+        select(_problem(pointers={"data": 0x1001, "out": 0x2000}), MANIFEST)
+    with pytest.raises(ValueError, match=r"multiple of 16, got 40"):
+        select(_problem(cols=40), MANIFEST)
+
+
+def _fresh_load(monkeypatch, directory, name=NAME):
+    monkeypatch.setenv("FP4GEN_LIB_DIR", str(directory))
+    library.load_kernel.cache_clear()
+    try:
+        return library.load_kernel(name)
+    finally:
+        library.load_kernel.cache_clear()
+
+
+def test_unbuilt_kernel_names_itself_and_the_build_command(monkeypatch, tmp_path):
+    with pytest.raises(fp4gen.BuildError, match=rf"{NAME} is declared .* not built .*python build\.py --arch sm90a"):
+        _fresh_load(monkeypatch, tmp_path)
+
+
+def _index(entry, **overrides):
+    record = {"source_sha256": entry["source_sha256"], "headers_sha256": MANIFEST["headers_sha256"]}
+    record.update(overrides)
+    return {entry["name"]: record}
+
+
+def test_stale_library_is_a_build_error(monkeypatch, tmp_path):
+    (tmp_path / f"{NAME}.so").write_bytes(b"\x7fELF")
+    (tmp_path / "index.json").write_text(json.dumps(_index(MANIFEST["kernels"][NAME], source_sha256="0" * 64)))
+    with pytest.raises(fp4gen.BuildError, match="stale"):
+        _fresh_load(monkeypatch, tmp_path)
+
+
+def test_corrupt_library_is_a_build_error_not_a_crash(monkeypatch, tmp_path):
+    (tmp_path / f"{NAME}.so").write_bytes(b"not a shared object")
+    (tmp_path / "index.json").write_text(json.dumps(_index(MANIFEST["kernels"][NAME])))
+    with pytest.raises(fp4gen.BuildError, match="does not load"):
+        _fresh_load(monkeypatch, tmp_path)
+
+
+BUILT = (lib_dir() / "index.json").exists()
+
+
+@pytest.mark.skipif(not BUILT, reason="run `python build.py` first: checks the libraries it publishes")
+@pytest.mark.parametrize("name", sorted(MANIFEST["kernels"]))
+def test_built_library_exports_the_abi_and_checks_problems(name):
+    # libraries link the CUDA runtime statically, so they load (and can_implement runs) without a GPU
+    kernel = library.load_kernel(name)
+    rows, cols = 4, 64
+    ok = (0x1000, 0x2000, 0x3000, 0x4000, rows, cols, cols // 2, cols // 16, 1, cols)
+    assert kernel.can_implement(*ok) == 0
+    assert kernel.workspace_size(*ok) == 0
+    assert kernel.can_implement(0x1004, *ok[1:]) == 2  # data not 8-byte aligned
+    assert kernel.can_implement(*ok[:3], 0x4008, *ok[4:]) == 2  # out not 16-byte aligned
+    assert kernel.can_implement(*ok[:5], 40, *ok[6:]) == 1  # cols not a multiple of 16
+    assert kernel.can_implement(*ok[:8], 2, cols) == 1  # amax stride must be 0 or 1
+
+
+def test_quantize_of_cpu_tensor_with_backend_cuda_is_refused():
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        fp4gen.quantize(torch.zeros(16, 16), backend="cuda")
+
+
+def test_manifest_path_is_inside_the_checkout():
+    assert MANIFEST_PATH.exists() and MANIFEST_PATH.parent.name == "generated"
