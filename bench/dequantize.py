@@ -1,12 +1,15 @@
-"""Dequantize bandwidth on the current GPU against a device-to-device copy of the same bytes.
+"""Dequantize on the current GPU against the baselines of design.md section 6.
 
-Prints one table: shape, out dtype, fp4gen time, bytes moved (NVFP4 read + output written) over that
-time, the copy's bandwidth measured in this run, and their ratio.
+For each shape and output dtype it prints: the fp4gen time, the bytes it must move (NVFP4 data, scales
+and amax read, output written) over that time, a device-to-device copy of the same number of bytes
+measured in this run, the ratio of the two bandwidths, and the speed-up over `torch.compile` of the
+reference backend's dequantize.
 """
 import torch
 import triton.testing
 
 import fp4gen
+from fp4gen import reference
 
 SHAPES = [(8192, 8192), (16384, 4096), (32768, 8192)]
 
@@ -18,7 +21,8 @@ def _median_ms(fn):
 def main():
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
-    print(f"{'shape':>14} {'out':>9} {'fp4gen us':>10} {'GB/s':>8} {'copy GB/s':>10} {'ratio':>6}")
+    print(f"{'shape':>14} {'out':>9} {'fp4gen us':>10} {'GB/s':>7} {'copy GB/s':>10} {'of copy':>8} "
+          f"{'compiled us':>12} {'speed-up':>9}")
     for rows, cols in SHAPES:
         x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
         op = fp4gen.quantize(x, scaling="row", columnwise=False, backend="reference").rowwise
@@ -28,10 +32,12 @@ def main():
             ms = _median_ms(lambda: fp4gen.dequantize(op, dtype))
             src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
-            copy_ms = _median_ms(lambda: dst.copy_(src))  # same total bytes: half read, half written
+            copy_ms = _median_ms(lambda: dst.copy_(src))  # the same bytes: half read, half written
+            compiled = torch.compile(reference.dequantize)
+            compiled_ms = _median_ms(lambda: compiled(op, dtype))
             gbs, copy_gbs = moved / ms / 1e6, moved / copy_ms / 1e6
-            print(f"{rows:>6}x{cols:<7} {str(dtype)[6:]:>9} {ms * 1e3:>10.1f} {gbs:>8.0f} {copy_gbs:>10.0f} "
-                  f"{gbs / copy_gbs:>6.2f}")
+            print(f"{rows:>6}x{cols:<7} {str(dtype)[6:]:>9} {ms * 1e3:>10.1f} {gbs:>7.0f} {copy_gbs:>10.0f} "
+                  f"{gbs / copy_gbs:>8.2f} {compiled_ms * 1e3:>12.1f} {compiled_ms / ms:>9.2f}")
 
 
 if __name__ == "__main__":

@@ -58,8 +58,8 @@ FAMILIES = {
             Param("amax_stride", "int64_t"),  # elements: 1 per-row amax, 0 per-tensor
             Param("out_row_stride", "int64_t"),  # elements
         ),
-        # one thread decodes one 16-element block: 8 data bytes in one load, 16 outputs in 16-byte stores
+        # each thread loads the codes of one 16-byte output vector (up to 4 bytes) and stores the vector
         constraints={"cols_multiple_of": 16},
-        alignment={"data": 8, "out": 16},
+        alignment={"data": 4, "out": 16},
     ),
 }

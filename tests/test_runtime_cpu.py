@@ -34,7 +34,7 @@ def test_select_without_a_declared_kernel_is_a_build_error():
 
 
 def test_select_reports_the_rule_a_problem_breaks():
-    with pytest.raises(ValueError, match=r"`data` 8-byte aligned, got address 0x1001"):
+    with pytest.raises(ValueError, match=r"`data` 4-byte aligned, got address 0x1001"):
         select(_problem(pointers={"data": 0x1001, "out": 0x2000}), MANIFEST)
     with pytest.raises(ValueError, match=r"multiple of 16, got 40"):
         select(_problem(cols=40), MANIFEST)
@@ -86,7 +86,7 @@ def test_built_library_exports_the_abi_and_checks_problems(name):
     ok = (0x1000, 0x2000, 0x3000, 0x4000, rows, cols, cols // 2, cols // 16, 1, cols)
     assert kernel.can_implement(*ok) == 0
     assert kernel.workspace_size(*ok) == 0
-    assert kernel.can_implement(0x1004, *ok[1:]) == 2  # data not 8-byte aligned
+    assert kernel.can_implement(0x1002, *ok[1:]) == 2  # data not 4-byte aligned
     assert kernel.can_implement(*ok[:3], 0x4008, *ok[4:]) == 2  # out not 16-byte aligned
     assert kernel.can_implement(*ok[:5], 40, *ok[6:]) == 1  # cols not a multiple of 16
     assert kernel.can_implement(*ok[:8], 2, cols) == 1  # amax stride must be 0 or 1

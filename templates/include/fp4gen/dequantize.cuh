@@ -1,10 +1,12 @@
 // NVFP4 dequantization (spec/nvfp4-numerics.md 2.4): out = OutT(fl(e2m1 * fl(fl(sdec * amax) * fl(1/2688)))).
 //
-// One thread decodes one 16-element block: one 8-byte load of codes, one scale byte, one amax, then
-// 16 outputs in 16-byte stores. Indices are 64-bit so tensors of 2^31 elements and more work.
+// Each thread decodes the elements of one 16-byte output vector (8 for 16-bit outputs, 4 for fp32), so
+// consecutive threads write consecutive 16-byte vectors: fully coalesced stores, which dominate the
+// traffic. Indices are 64-bit so tensors of 2^31 elements and more work.
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -15,60 +17,52 @@
 namespace fp4gen {
 
 template <class OutT>
-struct BlockStore;
+constexpr int kElemsPerThread = 16 / static_cast<int>(sizeof(OutT));
 
-template <>
-struct BlockStore<float> {
-  static __device__ __forceinline__ void store(float* dst, const float (&v)[16]) {
+// The packed codes of kElemsPerThread elements: 4 bytes for 8 elements, 2 bytes for 4.
+template <class OutT>
+using CodeWord = std::conditional_t<kElemsPerThread<OutT> == 8, uint32_t, uint16_t>;
+
+template <class OutT>
+__device__ __forceinline__ uint4 convert_vector(const float (&v)[kElemsPerThread<OutT>]) {
+  uint4 packed;
+  uint32_t* words = reinterpret_cast<uint32_t*>(&packed);
+  if constexpr (std::is_same_v<OutT, float>) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      reinterpret_cast<float4*>(dst)[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    for (int i = 0; i < 4; ++i) words[i] = __float_as_uint(v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // round to nearest even, element 2i in the low half
+      if constexpr (std::is_same_v<OutT, __nv_bfloat16>) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        words[i] = *reinterpret_cast<const uint32_t*>(&pair);
+      } else {
+        const __half2 pair = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+        words[i] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+    }
   }
-};
-
-template <class Pair, Pair (*Convert)(float, float)>
-__device__ __forceinline__ void store_pairs(void* dst, const float (&v)[16]) {
-  Pair pairs[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) pairs[i] = Convert(v[2 * i], v[2 * i + 1]);  // round to nearest even
-  reinterpret_cast<uint4*>(dst)[0] = *reinterpret_cast<const uint4*>(&pairs[0]);
-  reinterpret_cast<uint4*>(dst)[1] = *reinterpret_cast<const uint4*>(&pairs[4]);
+  return packed;
 }
-
-template <>
-struct BlockStore<__nv_bfloat16> {
-  static __device__ __forceinline__ void store(__nv_bfloat16* dst, const float (&v)[16]) {
-    store_pairs<__nv_bfloat162, __floats2bfloat162_rn>(dst, v);
-  }
-};
-
-template <>
-struct BlockStore<__half> {
-  static __device__ __forceinline__ void store(__half* dst, const float (&v)[16]) {
-    store_pairs<__half2, __floats2half2_rn>(dst, v);
-  }
-};
 
 template <class OutT>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scale,
                                   const float* __restrict__ amax, OutT* __restrict__ out, int64_t rows,
-                                  int64_t blocks_per_row, int64_t data_row_stride, int64_t scale_row_stride,
+                                  int64_t cols, int64_t data_row_stride, int64_t scale_row_stride,
                                   int64_t amax_stride, int64_t out_row_stride) {
-  const int64_t total = rows * blocks_per_row;
-  for (int64_t block = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; block < total;
-       block += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = block / blocks_per_row, col_block = block - row * blocks_per_row;
-    const uint2 codes = *reinterpret_cast<const uint2*>(data + row * data_row_stride + col_block * 8);
-    const float sdec = e4m3_to_float(scale[row * scale_row_stride + col_block]);
+  constexpr int kElems = kElemsPerThread<OutT>;
+  const int64_t vectors_per_row = cols / kElems, total = rows * vectors_per_row;
+  for (int64_t vec = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; vec < total;
+       vec += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = vec / vectors_per_row, col = (vec - row * vectors_per_row) * kElems;
+    const uint32_t codes = *reinterpret_cast<const CodeWord<OutT>*>(data + row * data_row_stride + col / 2);
+    const float sdec = e4m3_to_float(scale[row * scale_row_stride + col / 16]);
     const float factor = __fmul_rn(__fmul_rn(sdec, amax[row * amax_stride]), kInvGlobalEncodeNumerator);
-    float v[16];
+    float v[kElems];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t byte = ((i < 4 ? codes.x : codes.y) >> (8 * (i % 4))) & 0xFFu;
-      v[2 * i] = __fmul_rn(e2m1_to_float(byte & 0xFu), factor);  // element 2j: low nibble
-      v[2 * i + 1] = __fmul_rn(e2m1_to_float(byte >> 4), factor);
-    }
-    BlockStore<OutT>::store(out + row * out_row_stride + col_block * 16, v);
+    for (int i = 0; i < kElems; ++i)  // element 2j is the low nibble of byte j
+      v[i] = __fmul_rn(e2m1_to_float((codes >> (4 * i)) & 0xFu), factor);
+    *reinterpret_cast<uint4*>(out + row * out_row_stride + col) = convert_vector<OutT>(v);
   }
 }
 
@@ -80,7 +74,7 @@ int dequantize_can_implement(const uint8_t* data, const uint8_t* scale, const fl
   if (amax_stride != 0 && amax_stride != 1) return kInvalidProblem;
   if (rows > 1 && (data_row_stride < cols / 2 || scale_row_stride < cols / 16 || out_row_stride < cols))
     return kInvalidProblem;
-  if (!aligned(data, 8) || data_row_stride % 8 != 0) return kMisaligned;
+  if (!aligned(data, 4) || data_row_stride % 4 != 0) return kMisaligned;
   if (!aligned(out, 16) || (out_row_stride * static_cast<int64_t>(sizeof(OutT))) % 16 != 0) return kMisaligned;
   (void)scale;
   (void)amax;
@@ -94,14 +88,14 @@ int dequantize_run(const uint8_t* data, const uint8_t* scale, const float* amax,
   const int status = dequantize_can_implement<OutT>(data, scale, amax, out, rows, cols, data_row_stride,
                                                     scale_row_stride, amax_stride, out_row_stride);
   if (status != kOk) return status;
-  const int64_t blocks = rows * (cols / 16);
-  if (blocks == 0) return kOk;
+  const int64_t vectors = rows * (cols / kElemsPerThread<OutT>);
+  if (vectors == 0) return kOk;
   constexpr int kThreads = 256;
   constexpr int64_t kMaxGrid = int64_t(1) << 20;  // grid-stride beyond this
-  const int64_t grid = std::min<int64_t>((blocks + kThreads - 1) / kThreads, kMaxGrid);
+  const int64_t grid = std::min<int64_t>((vectors + kThreads - 1) / kThreads, kMaxGrid);
   dequantize_kernel<OutT><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
-      data, scale, amax, static_cast<OutT*>(out), rows, cols / 16, data_row_stride, scale_row_stride,
-      amax_stride, out_row_stride);
+      data, scale, amax, static_cast<OutT*>(out), rows, cols, data_row_stride, scale_row_stride, amax_stride,
+      out_row_stride);
   return launch_status();
 }
 
