@@ -45,16 +45,18 @@ __device__ __forceinline__ uint4 convert_vector(const float (&v)[kElemsPerThread
   return packed;
 }
 
+// Grid: x walks rows (grid-stride, threadIdx.y picks the row within a CTA), y walks 16-byte output
+// vectors along a row; no 64-bit division on the hot path.
 template <class OutT>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scale,
                                   const float* __restrict__ amax, OutT* __restrict__ out, int64_t rows,
                                   int64_t cols, int64_t data_row_stride, int64_t scale_row_stride,
                                   int64_t amax_stride, int64_t out_row_stride) {
   constexpr int kElems = kElemsPerThread<OutT>;
-  const int64_t vectors_per_row = cols / kElems, total = rows * vectors_per_row;
-  for (int64_t vec = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; vec < total;
-       vec += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = vec / vectors_per_row, col = (vec - row * vectors_per_row) * kElems;
+  const int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * kElems;
+  if (col >= cols) return;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
     const uint32_t codes = *reinterpret_cast<const CodeWord<OutT>*>(data + row * data_row_stride + col / 2);
     const float sdec = e4m3_to_float(scale[row * scale_row_stride + col / 16]);
     const float factor = __fmul_rn(__fmul_rn(sdec, amax[row * amax_stride]), kInvGlobalEncodeNumerator);
@@ -72,6 +74,7 @@ int dequantize_can_implement(const uint8_t* data, const uint8_t* scale, const fl
                              int64_t amax_stride, int64_t out_row_stride) {
   if (rows < 0 || cols < 0 || cols % 16 != 0) return kInvalidProblem;
   if (amax_stride != 0 && amax_stride != 1) return kInvalidProblem;
+  if (cols / kElemsPerThread<OutT> > int64_t(65535) * 256) return kInvalidProblem;  // gridDim.y covers a row
   if (rows > 1 && (data_row_stride < cols / 2 || scale_row_stride < cols / 16 || out_row_stride < cols))
     return kInvalidProblem;
   if (!aligned(data, 4) || data_row_stride % 4 != 0) return kMisaligned;
@@ -88,12 +91,17 @@ int dequantize_run(const uint8_t* data, const uint8_t* scale, const float* amax,
   const int status = dequantize_can_implement<OutT>(data, scale, amax, out, rows, cols, data_row_stride,
                                                     scale_row_stride, amax_stride, out_row_stride);
   if (status != kOk) return status;
-  const int64_t vectors = rows * (cols / kElemsPerThread<OutT>);
-  if (vectors == 0) return kOk;
-  constexpr int kThreads = 256;
-  constexpr int64_t kMaxGrid = int64_t(1) << 20;  // grid-stride beyond this
-  const int64_t grid = std::min<int64_t>((vectors + kThreads - 1) / kThreads, kMaxGrid);
-  dequantize_kernel<OutT><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+  const int64_t vectors_per_row = cols / kElemsPerThread<OutT>;
+  if (rows == 0 || vectors_per_row == 0) return kOk;
+  // 256 threads: as many along the row as it has vectors (a multiple of 32, at most 256), the rest on rows
+  constexpr int64_t kThreads = 256, kMaxRowBlocks = int64_t(1) << 20;  // grid-stride over rows beyond this
+  const int64_t threads_x = std::min<int64_t>(kThreads, (vectors_per_row + 31) / 32 * 32);
+  const int64_t threads_y = kThreads / threads_x;
+  const int64_t col_blocks = (vectors_per_row + threads_x - 1) / threads_x;
+  const dim3 block(static_cast<unsigned>(threads_x), static_cast<unsigned>(threads_y));
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((rows + threads_y - 1) / threads_y, kMaxRowBlocks)),
+                  static_cast<unsigned>(col_blocks));
+  dequantize_kernel<OutT><<<grid, block, 0, stream>>>(
       data, scale, amax, static_cast<OutT*>(out), rows, cols, data_row_stride, scale_row_stride, amax_stride,
       out_row_stride);
   return launch_status();
