@@ -45,8 +45,11 @@ __device__ __forceinline__ uint4 convert_vector(const float (&v)[kElemsPerThread
   return packed;
 }
 
-// Grid: x walks rows (grid-stride, threadIdx.y picks the row within a CTA), y walks 16-byte output
-// vectors along a row; no 64-bit division on the hot path.
+// Grid: y walks 16-byte output vectors along a row, x walks rows. Each thread decodes kRowsPerIter rows
+// per iteration with all loads issued before any use (memory-level parallelism), and the grid is sized to
+// a couple of waves so threads loop instead of launching one short-lived CTA per few bytes.
+constexpr int kRowsPerIter = 4;
+
 template <class OutT>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scale,
                                   const float* __restrict__ amax, OutT* __restrict__ out, int64_t rows,
@@ -55,16 +58,31 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_
   constexpr int kElems = kElemsPerThread<OutT>;
   const int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * kElems;
   if (col >= cols) return;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const uint32_t codes = *reinterpret_cast<const CodeWord<OutT>*>(data + row * data_row_stride + col / 2);
-    const float sdec = e4m3_to_float(scale[row * scale_row_stride + col / 16]);
-    const float factor = __fmul_rn(__fmul_rn(sdec, amax[row * amax_stride]), kInvGlobalEncodeNumerator);
-    float v[kElems];
+  const int64_t row_step = blockDim.y, iter_step = static_cast<int64_t>(gridDim.x) * blockDim.y * kRowsPerIter;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.y * kRowsPerIter + threadIdx.y; first < rows;
+       first += iter_step) {
+    uint32_t codes[kRowsPerIter];
+    float sdec[kRowsPerIter], row_amax[kRowsPerIter];
 #pragma unroll
-    for (int i = 0; i < kElems; ++i)  // element 2j is the low nibble of byte j
-      v[i] = __fmul_rn(e2m1_to_float((codes >> (4 * i)) & 0xFu), factor);
-    *reinterpret_cast<uint4*>(out + row * out_row_stride + col) = convert_vector<OutT>(v);
+    for (int r = 0; r < kRowsPerIter; ++r) {
+      const int64_t row = first + r * row_step;
+      if (row < rows) {
+        codes[r] = *reinterpret_cast<const CodeWord<OutT>*>(data + row * data_row_stride + col / 2);
+        sdec[r] = e4m3_to_float(scale[row * scale_row_stride + col / 16]);
+        row_amax[r] = amax[row * amax_stride];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsPerIter; ++r) {
+      const int64_t row = first + r * row_step;
+      if (row >= rows) break;
+      const float factor = __fmul_rn(__fmul_rn(sdec[r], row_amax[r]), kInvGlobalEncodeNumerator);
+      float v[kElems];
+#pragma unroll
+      for (int i = 0; i < kElems; ++i)  // element 2j is the low nibble of byte j
+        v[i] = __fmul_rn(e2m1_to_float((codes[r] >> (4 * i)) & 0xFu), factor);
+      *reinterpret_cast<uint4*>(out + row * out_row_stride + col) = convert_vector<OutT>(v);
+    }
   }
 }
 
@@ -94,12 +112,18 @@ int dequantize_run(const uint8_t* data, const uint8_t* scale, const float* amax,
   const int64_t vectors_per_row = cols / kElemsPerThread<OutT>;
   if (rows == 0 || vectors_per_row == 0) return kOk;
   // 256 threads: as many along the row as it has vectors (a multiple of 32, at most 256), the rest on rows
-  constexpr int64_t kThreads = 256, kMaxRowBlocks = int64_t(1) << 20;  // grid-stride over rows beyond this
+  constexpr int64_t kThreads = 256, kCtasPerSm = 8, kWaves = 2;
   const int64_t threads_x = std::min<int64_t>(kThreads, (vectors_per_row + 31) / 32 * 32);
   const int64_t threads_y = kThreads / threads_x;
   const int64_t col_blocks = (vectors_per_row + threads_x - 1) / threads_x;
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return launch_status();
+  const int64_t row_blocks_needed = (rows + threads_y * kRowsPerIter - 1) / (threads_y * kRowsPerIter);
+  const int64_t row_blocks_wanted = std::max<int64_t>(1, sms * kCtasPerSm * kWaves / col_blocks);
   const dim3 block(static_cast<unsigned>(threads_x), static_cast<unsigned>(threads_y));
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((rows + threads_y - 1) / threads_y, kMaxRowBlocks)),
+  const dim3 grid(static_cast<unsigned>(std::min(row_blocks_needed, row_blocks_wanted)),
                   static_cast<unsigned>(col_blocks));
   dequantize_kernel<OutT><<<grid, block, 0, stream>>>(
       data, scale, amax, static_cast<OutT*>(out), rows, cols, data_row_stride, scale_row_stride, amax_stride,
