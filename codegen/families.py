@@ -32,6 +32,7 @@ class Family:
     params: tuple  # C ABI parameters of <name>_can_implement / _workspace_size / _run (run adds the stream)
     constraints: dict  # problem rules the dispatcher checks and reports, e.g. {"cols_multiple_of": 16}
     alignment: dict  # pointer argument -> required byte alignment
+    excluded: tuple = ()  # axis combinations no spec may declare: ((partial assignment, reason), ...)
 
 
 def _tokens(table: dict, fmt: str = "{}") -> dict:
@@ -61,5 +62,55 @@ FAMILIES = {
         # each thread loads the codes of one 16-byte output vector (up to 4 bytes) and stores the vector
         constraints={"cols_multiple_of": 16},
         alignment={"data": 4, "out": 16},
+    ),
+    "amax": Family(
+        name="amax",
+        op="amax",
+        description="per-row, per-column and/or tensor amax of x [M, K] in one read (NaN-propagating)",
+        template="amax.cu.j2",
+        name_prefix="amax",
+        axes={"in_dtype": _tokens(tables.DTYPES), "arch": _tokens(tables.ARCHS)},
+        params=(
+            Param("x", "const void*"),
+            Param("x_row_stride", "int64_t"),  # elements
+            Param("rows", "int64_t"),
+            Param("cols", "int64_t"),
+            Param("row_amax", "float*"),  # [rows] or null
+            Param("col_amax", "float*"),  # [cols] or null
+            Param("tensor_amax", "float*"),  # [1] or null
+        ),
+        constraints={"cols_multiple_of": 16},
+        alignment={"x": 16},  # and the row stride: 16-byte vector loads
+    ),
+    "quantize": Family(
+        name="quantize",
+        op="quantize",
+        description="x [M, K] -> rowwise and/or columnwise NVFP4 from one read of each tile",
+        template="quantize.cu.j2",
+        name_prefix="quantize_nvfp4",
+        axes={
+            "in_dtype": _tokens(tables.DTYPES),
+            "direction": {"rowwise": "row", "columnwise": "col", "both": "rowcol"},
+            "scaling": {"row": "rowscaled", "tensor": "tensorscaled"},
+            "block": {"1x16": "b1x16", "16x16": "b16x16"},
+            "arch": _tokens(tables.ARCHS),
+        },
+        params=(
+            Param("x", "const void*"),
+            Param("x_row_stride", "int64_t"),  # elements
+            Param("rows", "int64_t"),
+            Param("cols", "int64_t"),
+            Param("row_amax", "const float*"),  # [rows] (row scaling) or [1]
+            Param("col_amax", "const float*"),  # [cols] (row scaling) or [1]
+            Param("row_data", "uint8_t*"),  # [rows, cols/2], contiguous
+            Param("row_scale", "uint8_t*"),  # [rows, cols/16], contiguous
+            Param("col_data", "uint8_t*"),  # [cols, rows/2], contiguous
+            Param("col_scale", "uint8_t*"),  # [cols, rows/16], contiguous
+        ),
+        # rows_multiple_of applies to the columnwise copy and to 16x16 blocks (see the kernel's can_implement)
+        constraints={"cols_multiple_of": 16},
+        alignment={"x": 16},
+        excluded=(({"scaling": "row", "block": "16x16"},
+                   "16x16 blocks share one scale across 16 rows, so they cannot take a per-row amax"),),
     ),
 }

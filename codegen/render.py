@@ -61,11 +61,13 @@ def _context(name: str, variant) -> dict:
                    f"// (spec sha256 {spec.sha256[:16]}). Do not edit: change the spec or templates/, then run\n"
                    f"// python build.py."),
         "params": family.params,
-        "arch": values["arch"],
     }
     for axis, value in values.items():
+        row = tables.AXIS_TABLES[axis][value]
         if axis.endswith("dtype"):
-            context[axis.replace("dtype", "ctype")] = tables.DTYPES[value]["cpp"]
+            context[axis.replace("dtype", "ctype")] = row["cpp"]
+        else:
+            context.update({fact: "true" if flag else "false" for fact, flag in row.items() if isinstance(flag, bool)})
     return context
 
 

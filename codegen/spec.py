@@ -127,17 +127,21 @@ def load_spec(path: Path, shown_as: str | None = None) -> KernelSpec:
     exclude = _check_exclude(file, family, node.get("exclude", []))
     spec = KernelSpec(file, hashlib.sha256(raw).hexdigest(), family, description, axes, exclude)
     if not expand(spec):
-        raise SpecError(file, "exclude", "excludes every combination of axes: the spec declares no kernel")
+        family_rules = "; ".join(f"{rule} is not allowed: {why}" for rule, why in family.excluded)
+        raise SpecError(file, "axes", "every combination of axes is excluded, so the spec declares no kernel"
+                        + (f" ({family_rules})" if family_rules else ""))
     return spec
 
 
 def expand(spec: KernelSpec) -> list:
-    """All variants of a spec: the product of its axes, in order, minus the excluded assignments."""
+    """All variants of a spec: the product of its axes, in order, minus the assignments the spec excludes
+    and those its family can never build (family.excluded, e.g. row scaling with 16x16 blocks)."""
     names = [axis for axis, _ in spec.axes]
+    rules = list(spec.exclude) + [tuple(sorted(rule.items())) for rule, _ in spec.family.excluded]
     variants = []
     for combo in itertools.product(*(values for _, values in spec.axes)):
         values = tuple(zip(names, combo))
-        if any(set(rule) <= set(values) for rule in spec.exclude):
+        if any(set(rule) <= set(values) for rule in rules):
             continue
         variants.append(Variant(spec, values))
     return variants

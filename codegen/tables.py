@@ -4,9 +4,11 @@ A spec axis value must be a key of its table; a new dtype or arch is a row here 
 """
 
 # arch token -> nvcc target and the compute capability the runtime matches against the device.
+# e2m1_cvt: whether the arch has the cvt.rn.satfinite.e2m1x2.f32 instruction (else an exact software encode).
 ARCHS = {
-    "sm90a": {"gencode": "-gencode=arch=compute_90a,code=sm_90a", "compute_capability": [9, 0]},
-    "sm100a": {"gencode": "-gencode=arch=compute_100a,code=sm_100a", "compute_capability": [10, 0]},
+    "sm90a": {"gencode": "-gencode=arch=compute_90a,code=sm_90a", "compute_capability": [9, 0], "e2m1_cvt": False},
+    "sm100a": {"gencode": "-gencode=arch=compute_100a,code=sm_100a", "compute_capability": [10, 0],
+               "e2m1_cvt": True},
 }
 
 # dtype token -> C++ type, torch dtype name, element size
@@ -16,10 +18,37 @@ DTYPES = {
     "fp32": {"cpp": "float", "torch": "float32", "bytes": 4},
 }
 
-# C parameter type -> how the runtime passes it through ctypes (manifest "abi" entries carry these kinds)
+# Which copies a quantize kernel writes: rowwise (x), columnwise (x.T) or both from one read.
+DIRECTIONS = {
+    "rowwise": {"rowwise": True, "columnwise": False},
+    "columnwise": {"rowwise": False, "columnwise": True},
+    "both": {"rowwise": True, "columnwise": True},
+}
+
+# Second-level scaling: one amax per row (per column for the columnwise copy), or one per tensor.
+SCALINGS = {"row": {"row_scaled": True}, "tensor": {"row_scaled": False}}
+
+# Scale block shape: 1x16 (activations, gradients) or 16x16 tiles (weights).
+BLOCKS = {"1x16": {"block_2d": False}, "16x16": {"block_2d": True}}
+
+# C parameter type -> how the runtime passes it through ctypes (manifest "params" entries carry these kinds)
 C_PARAM_KINDS = {
+    "const void*": "pointer",
     "const uint8_t*": "pointer",
     "const float*": "pointer",
+    "uint8_t*": "pointer",
+    "float*": "pointer",
     "void*": "pointer",
     "int64_t": "int64",
+}
+
+# The table each spec axis takes its values from. Rendering exposes a dtype row as `<axis minus dtype>ctype`
+# (in_dtype -> in_ctype) and every boolean fact of any other row as a C++ constant of the same name.
+AXIS_TABLES = {
+    "arch": ARCHS,
+    "in_dtype": DTYPES,
+    "out_dtype": DTYPES,
+    "direction": DIRECTIONS,
+    "scaling": SCALINGS,
+    "block": BLOCKS,
 }

@@ -131,7 +131,7 @@ def _quantize_2d(x: torch.Tensor, amax: torch.Tensor, rowwise: bool, columnwise:
         row = NVFP4Data(pack_nibbles(codes), sdec.repeat_interleave(BLOCK, dim=0).contiguous(), amax)
     if columnwise:
         col = NVFP4Data(pack_nibbles(codes.t().contiguous()),
-                        sdec.t().repeat_interleave(BLOCK, dim=0).contiguous(), amax.clone())
+                        sdec.t().repeat_interleave(BLOCK, dim=0).contiguous(), amax)
     return row, col
 
 
@@ -152,7 +152,7 @@ def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, colum
         if rowwise:
             row = _quantize_1d(x, amax)
         if columnwise:
-            col = _quantize_1d(x.t().contiguous(), amax.clone())
+            col = _quantize_1d(x.t().contiguous(), amax)  # one amax tensor serves both copies
     return row, col
 
 

@@ -77,10 +77,17 @@ def test_corrupt_library_is_a_build_error_not_a_crash(monkeypatch, tmp_path):
 BUILT = (lib_dir() / "index.json").exists()
 
 
-@pytest.mark.skipif(not BUILT, reason="run `python build.py` first: checks the libraries it publishes")
-@pytest.mark.parametrize("name", sorted(MANIFEST["kernels"]))
-def test_built_library_exports_the_abi_and_checks_problems(name):
-    # libraries link the CUDA runtime statically, so they load (and can_implement runs) without a GPU
+def _kernels(op):
+    return sorted(name for name, k in MANIFEST["kernels"].items() if k["op"] == op)
+
+
+needs_build = pytest.mark.skipif(not BUILT, reason="run `python build.py` first: checks the libraries it publishes")
+
+
+# Libraries link the CUDA runtime statically, so they load (and can_implement runs) without a GPU.
+@needs_build
+@pytest.mark.parametrize("name", _kernels("dequantize"))
+def test_built_dequantize_library_checks_problems(name):
     kernel = library.load_kernel(name)
     rows, cols = 4, 64
     ok = (0x1000, 0x2000, 0x3000, 0x4000, rows, cols, cols // 2, cols // 16, 1, cols)
@@ -90,6 +97,36 @@ def test_built_library_exports_the_abi_and_checks_problems(name):
     assert kernel.can_implement(*ok[:3], 0x4008, *ok[4:]) == 2  # out not 16-byte aligned
     assert kernel.can_implement(*ok[:5], 40, *ok[6:]) == 1  # cols not a multiple of 16
     assert kernel.can_implement(*ok[:8], 2, cols) == 1  # amax stride must be 0 or 1
+
+
+@needs_build
+@pytest.mark.parametrize("name", _kernels("amax"))
+def test_built_amax_library_checks_problems(name):
+    kernel = library.load_kernel(name)
+    ok = (0x1000, 64, 32, 64, 0x2000, 0x3000, None)
+    assert kernel.can_implement(*ok) == 0
+    assert kernel.can_implement(0x1008, *ok[1:]) == 2  # x not 16-byte aligned
+    assert kernel.can_implement(0x1000, 65, *ok[2:]) == 2  # row stride breaks 16-byte row starts
+    assert kernel.can_implement(*ok[:3], 40, *ok[4:]) == 1  # cols not a multiple of 16
+    assert kernel.can_implement(*ok[:4], None, None, None) == 1  # nothing to compute
+
+
+@needs_build
+@pytest.mark.parametrize("name", _kernels("quantize"))
+def test_built_quantize_library_checks_problems(name):
+    kernel = library.load_kernel(name)
+    values = MANIFEST["kernels"][name]["values"]
+    rowwise, colwise = values["direction"] in ("rowwise", "both"), values["direction"] in ("columnwise", "both")
+    outs = (0x3000, 0x4000) if rowwise else (None, None)
+    outs += (0x5000, 0x6000) if colwise else (None, None)
+    ok = (0x1000, 64, 32, 64, 0x2000, 0x2100) + outs
+    assert kernel.can_implement(*ok) == 0
+    assert kernel.can_implement(0x1004, *ok[1:]) == 2  # x not 16-byte aligned
+    assert kernel.can_implement(*ok[:3], 24, *ok[4:]) == 1  # cols not a multiple of 16
+    needs_rows_of_16 = colwise or values["block"] == "16x16"
+    assert kernel.can_implement(*ok[:2], 24, *ok[3:]) == (1 if needs_rows_of_16 else 0)
+    missing_output = ok[:6] + (None,) * 4
+    assert kernel.can_implement(*missing_output) == 1
 
 
 def test_quantize_of_cpu_tensor_with_backend_cuda_is_refused():

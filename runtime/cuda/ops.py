@@ -14,9 +14,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _problem(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointers=None) -> Problem:
+def _problem(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointers=None, values=None) -> Problem:
     return Problem(op, tuple(torch.cuda.get_device_capability(device)),
-                   {axis: _dtype_name(d) for axis, d in dtypes.items()}, cols, pointers or {})
+                   {axis: _dtype_name(d) for axis, d in dtypes.items()}, values or {}, cols, pointers or {})
+
+
+def _row_start_bits(t: torch.Tensor) -> int:
+    """The base address OR-ed with the row stride in bytes: alignment is a power of two, so this is
+    aligned iff every row start is."""
+    return t.data_ptr() | (t.stride(0) * t.element_size() if t.shape[0] > 1 else 0)
+
+
+def _launch(kernel, device: torch.device, *args) -> None:
+    with torch.cuda.device(device):  # the launch goes to the current device: make it the tensors' device
+        kernel.run(*args, stream=torch.cuda.current_stream(device).cuda_stream)
 
 
 def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
@@ -25,28 +36,62 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty(rows, cols, dtype=dtype, device=device)
     data, scale = operand.data, operand.scale.view(torch.uint8)
     amax = operand.amax.contiguous()
-    # Alignment is a power of two, so OR-ing the row stride (bytes) into the base address checks both:
-    # every row start is aligned iff the base and the stride are.
-    row_stride = data.stride(0) if rows > 1 else 0
     problem = _problem("dequantize", device, {"out_dtype": dtype}, cols,
-                       {"data": data.data_ptr() | row_stride, "out": out.data_ptr()})
+                       {"data": _row_start_bits(data), "out": out.data_ptr()})
     kernel = load_kernel(select(problem, load_manifest()))
-    amax_stride = 1 if operand.row_scaled else 0
-    with torch.cuda.device(device):  # the launch goes to the current device: make it the tensors' device
-        kernel.run(data.data_ptr(), scale.data_ptr(), amax.data_ptr(), out.data_ptr(), rows, cols, data.stride(0),
-                   scale.stride(0), amax_stride, out.stride(0), stream=torch.cuda.current_stream(device).cuda_stream)
+    _launch(kernel, device, data.data_ptr(), scale.data_ptr(), amax.data_ptr(), out.data_ptr(), rows, cols,
+            data.stride(0), scale.stride(0), 1 if operand.row_scaled else 0, out.stride(0))
     return out
 
 
 def _not_launchable(problem: Problem):
-    """No spec declares quantize or gemm kernels yet: select() raises the BuildError that says so. Should a
-    manifest declare one before its launcher exists, say that instead of running anything else."""
+    """No spec declares gemm kernels yet: select() raises the BuildError that says so. Should a manifest
+    declare one before its launcher exists, say that instead of running anything else."""
     name = select(problem, load_manifest())
     raise NotImplementedError(f"{name} is declared but this runtime has no launcher for {problem.op} yet")
 
 
-def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool):
-    _not_launchable(_problem("quantize", x2d.device, {"in_dtype": x2d.dtype}, x2d.shape[-1]))
+def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool):
+    """The amax pass, then the quantize pass: two launches on the current stream, no host synchronization."""
+    rows, cols = x.shape
+    if rows > 0 and cols > 1 and x.stride(1) != 1:
+        raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
+                         f"elements (last stride 1); pass x.contiguous()")
+    device, row_scaled = x.device, scaling == "row"
+    direction = "both" if rowwise and columnwise else ("rowwise" if rowwise else "columnwise")
+    pointers = {"x": _row_start_bits(x)}
+    manifest = load_manifest()
+    amax_kernel = load_kernel(select(_problem("amax", device, {"in_dtype": x.dtype}, cols, pointers), manifest))
+    quantize_kernel = load_kernel(select(_problem(
+        "quantize", device, {"in_dtype": x.dtype}, cols, pointers,
+        {"direction": direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}"}), manifest))
+
+    def empty(*shape, dtype=torch.uint8):
+        return torch.empty(*shape, dtype=dtype, device=device)
+
+    if row_scaled:  # per-row amax for the rowwise copy, per-column amax for the columnwise copy
+        row_amax = empty(rows, dtype=torch.float32) if rowwise else None
+        col_amax = empty(cols, dtype=torch.float32) if columnwise else None
+        tensor_amax = None
+    else:
+        row_amax = col_amax = tensor_amax = empty(1, dtype=torch.float32)
+    row_data, row_scale = (empty(rows, cols // 2), empty(rows, cols // 16)) if rowwise else (None, None)
+    col_data, col_scale = (empty(cols, rows // 2), empty(cols, rows // 16)) if columnwise else (None, None)
+
+    def ptr(t):
+        return t.data_ptr() if t is not None else None
+
+    stride = x.stride(0) if rows > 1 else cols
+    if row_scaled:
+        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, ptr(row_amax), ptr(col_amax), None)
+    else:
+        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, None, None, ptr(tensor_amax))
+    _launch(quantize_kernel, device, x.data_ptr(), stride, rows, cols, ptr(row_amax), ptr(col_amax), ptr(row_data),
+            ptr(row_scale), ptr(col_data), ptr(col_scale))
+    e4m3 = torch.float8_e4m3fn
+    row = NVFP4Data(row_data, row_scale.view(e4m3), row_amax) if rowwise else None
+    col = NVFP4Data(col_data, col_scale.view(e4m3), col_amax) if columnwise else None
+    return row, col
 
 
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool):

@@ -13,11 +13,12 @@ class Problem:
     op: str
     compute_capability: tuple
     dtypes: dict  # axis -> torch dtype name, e.g. {"out_dtype": "bfloat16"}
+    values: dict = field(default_factory=dict)  # other spec axes the kernel must have, e.g. {"direction": "both"}
     cols: int = 0  # the dimension that kernels constrain (`cols_multiple_of`)
     pointers: dict = field(default_factory=dict)  # argument -> address (alignment checks)
 
     def describe(self) -> str:
-        dtypes = ", ".join(f"{k}={v}" for k, v in sorted(self.dtypes.items()))
+        dtypes = ", ".join(f"{k}={v}" for k, v in sorted({**self.dtypes, **self.values}.items()))
         cc = ".".join(map(str, self.compute_capability))
         return f"{self.op} on compute capability {cc}" + (f" with {dtypes}" if dtypes else "")
 
@@ -43,7 +44,8 @@ def select(problem: Problem, manifest: dict) -> str:
     """
     candidates = [k for name, k in sorted(manifest["kernels"].items())
                   if k["op"] == problem.op and tuple(k["compute_capability"]) == tuple(problem.compute_capability)
-                  and all(k["torch_dtypes"].get(axis) == v for axis, v in problem.dtypes.items())]
+                  and all(k["torch_dtypes"].get(axis) == v for axis, v in problem.dtypes.items())
+                  and all(k["values"].get(axis) == v for axis, v in problem.values.items())]
     if not candidates:
         raise BuildError(f"no kernel in generated/manifest.json implements {problem.describe()}: declare it in a "
                          f"spec under codegen/specs/ and run `python build.py` (backend='reference' runs anywhere)")

@@ -111,10 +111,7 @@ def test_two_streams_at_once():
         assert_same(out, fp4gen.dequantize(op, torch.float32, backend="reference"))
 
 
-def test_quantize_and_gemm_on_cuda_raise_until_their_kernels_exist():
-    x = torch.randn(32, 64, device="cuda")
-    with pytest.raises(fp4gen.BuildError, match="quantize on compute capability"):
-        fp4gen.quantize(x)
-    q = fp4gen.quantize(x, backend="reference")
+def test_gemm_on_cuda_raises_until_its_kernels_exist():
+    q = fp4gen.quantize(torch.randn(32, 64, device="cuda"), backend="reference")
     with pytest.raises(fp4gen.BuildError, match="gemm on compute capability"):
         fp4gen.gemm(q.rowwise, q.rowwise)

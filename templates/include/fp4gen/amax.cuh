@@ -1,0 +1,114 @@
+// The amax pass: per-row amax [M], per-column amax [K] and/or the tensor amax [1] of x [M, K], all from
+// one read of x with coalesced 16-byte loads.
+//
+// fp4gen's amaxes propagate NaN (design.md section 3). Maxima are taken on |x|'s bit patterns as
+// unsigned integers, where NaN > Inf > every finite value, so the ordinary integer max (and atomicMax
+// across CTAs) propagates NaN with no extra test. Indices are 64-bit.
+#pragma once
+
+#include "fp4gen/abi.h"
+#include "fp4gen/elements.cuh"
+
+namespace fp4gen {
+
+constexpr int kAmaxTileRows = 64, kAmaxThreads = 256, kAmaxWarps = kAmaxThreads / 32;
+
+template <class InT>
+__global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restrict__ x, int64_t x_row_stride,
+                                                            int64_t rows, int64_t cols, float* row_amax,
+                                                            float* col_amax, float* tensor_amax) {
+  using E = Element<InT>;
+  constexpr int kVec = E::kPerVector, kTileCols = 32 * kVec, kRowsPerWarp = kAmaxTileRows / kAmaxWarps;
+  __shared__ uint32_t col_partial[kAmaxWarps][kTileCols];
+  __shared__ uint32_t warp_max[kAmaxWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kAmaxTileRows + warp * kRowsPerWarp;
+  const int64_t col = static_cast<int64_t>(blockIdx.y) * kTileCols + lane * kVec;
+  const bool col_ok = col < cols;
+
+  uint4 vec[kRowsPerWarp];  // all loads in flight before any use
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int64_t row = row0 + r;
+    vec[r] = (col_ok && row < rows) ? *reinterpret_cast<const uint4*>(x + row * x_row_stride + col)
+                                    : make_uint4(0, 0, 0, 0);
+  }
+  uint32_t col_max[kVec] = {};
+  uint32_t thread_max = 0;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    uint32_t row_max = 0;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const uint32_t b = abs_bits<InT>(vec[r], i);
+      col_max[i] = max(col_max[i], b);
+      row_max = max(row_max, b);
+    }
+    thread_max = max(thread_max, row_max);
+    if (row_amax != nullptr) {
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) row_max = max(row_max, __shfl_xor_sync(0xFFFFFFFFu, row_max, offset));
+      if (lane == 0 && row0 + r < rows)
+        atomicMax(reinterpret_cast<unsigned int*>(row_amax + row0 + r), E::abs_bits_as_float_bits(row_max));
+    }
+  }
+  if (col_amax != nullptr) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) col_partial[warp][lane * kVec + i] = col_max[i];
+  }
+  if (tensor_amax != nullptr) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) thread_max = max(thread_max, __shfl_xor_sync(0xFFFFFFFFu, thread_max, offset));
+    if (lane == 0) warp_max[warp] = thread_max;
+  }
+  __syncthreads();
+  if (col_amax != nullptr) {
+    for (int c = threadIdx.x; c < kTileCols; c += kAmaxThreads) {
+      const int64_t gcol = static_cast<int64_t>(blockIdx.y) * kTileCols + c;
+      if (gcol >= cols) break;
+      uint32_t m = 0;
+#pragma unroll
+      for (int w = 0; w < kAmaxWarps; ++w) m = max(m, col_partial[w][c]);
+      atomicMax(reinterpret_cast<unsigned int*>(col_amax + gcol), E::abs_bits_as_float_bits(m));
+    }
+  }
+  if (tensor_amax != nullptr && threadIdx.x == 0) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int w = 0; w < kAmaxWarps; ++w) m = max(m, warp_max[w]);
+    atomicMax(reinterpret_cast<unsigned int*>(tensor_amax), E::abs_bits_as_float_bits(m));
+  }
+}
+
+template <class InT>
+int amax_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
+                       float* col_amax, float* tensor_amax) {
+  constexpr int64_t kTileCols = 32 * Element<InT>::kPerVector;
+  if (rows < 0 || cols < 0 || cols % 16 != 0) return kInvalidProblem;
+  if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
+  if ((cols + kTileCols - 1) / kTileCols > 65535) return kInvalidProblem;  // gridDim.y
+  if (row_amax == nullptr && col_amax == nullptr && tensor_amax == nullptr) return kInvalidProblem;
+  if (!aligned(x, 16) || (rows > 1 && (x_row_stride * static_cast<int64_t>(sizeof(InT))) % 16 != 0))
+    return kMisaligned;
+  return kOk;
+}
+
+template <class InT>
+int amax_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax,
+             float* tensor_amax, cudaStream_t stream) {
+  const int status = amax_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax);
+  if (status != kOk) return status;
+  // atomicMax accumulates into the outputs, so they start at +0 (also the amax of an empty extent)
+  if (row_amax && rows > 0 && cudaMemsetAsync(row_amax, 0, rows * sizeof(float), stream) != cudaSuccess) return launch_status();
+  if (col_amax && cols > 0 && cudaMemsetAsync(col_amax, 0, cols * sizeof(float), stream) != cudaSuccess) return launch_status();
+  if (tensor_amax && cudaMemsetAsync(tensor_amax, 0, sizeof(float), stream) != cudaSuccess) return launch_status();
+  if (rows == 0 || cols == 0) return kOk;
+  constexpr int64_t kTileCols = 32 * Element<InT>::kPerVector;
+  const dim3 grid(static_cast<unsigned>((rows + kAmaxTileRows - 1) / kAmaxTileRows),
+                  static_cast<unsigned>((cols + kTileCols - 1) / kTileCols));
+  amax_kernel<InT><<<grid, kAmaxThreads, 0, stream>>>(static_cast<const InT*>(x), x_row_stride, rows, cols,
+                                                        row_amax, col_amax, tensor_amax);
+  return launch_status();
+}
+
+}  // namespace fp4gen

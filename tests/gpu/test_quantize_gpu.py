@@ -1,0 +1,189 @@
+"""The generated amax + quantize kernels on a CUDA device: byte-equal to the reference backend and to the
+golden vectors, for every variant."""
+import numpy as np
+import pytest
+import torch
+
+import fp4gen
+from conftest import golden_cases, load_golden
+
+pytestmark = pytest.mark.gpu
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+DIRECTIONS = {"rowwise": (True, False), "columnwise": (False, True), "both": (True, True)}
+MODES = [("row", (1, 16)), ("tensor", (1, 16)), ("tensor", (16, 16))]
+
+
+def assert_same_operand(got, ref):
+    assert torch.equal(got.data, ref.data), "E2M1 codes differ"
+    assert torch.equal(got.scale.view(torch.uint8), ref.scale.view(torch.uint8)), "E4M3 scales differ"
+    nan = torch.isnan(ref.amax)
+    assert torch.equal(torch.isnan(got.amax), nan) and torch.equal(got.amax[~nan], ref.amax[~nan]), "amax differs"
+
+
+def assert_same(x, **kw):
+    got = fp4gen.quantize(x, **kw)
+    ref = fp4gen.quantize(x, backend="reference", **kw)
+    for direction in ("rowwise", "columnwise"):
+        if getattr(ref, direction) is None:
+            assert getattr(got, direction) is None
+        else:
+            assert_same_operand(getattr(got, direction), getattr(ref, direction))
+    return got
+
+
+def heavy(rows, cols, dtype, seed):
+    """2^+-30 row and column spreads, an all-zero row and column, a tiny block, a huge block."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, cols, device="cuda", generator=g)
+    x *= torch.exp2(torch.randint(-30, 31, (rows, 1), device="cuda", generator=g).float())
+    x *= torch.exp2(torch.randint(-30, 31, (1, cols), device="cuda", generator=g).float())
+    x[rows // 3] = 0
+    x[:, cols // 2] = 0
+    x[:16, :16] = 1e-12
+    x[-16:, -16:] *= 1e20
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("case", golden_cases(), ids=lambda c: c["name"])
+def test_golden_vectors_on_gpu(case):
+    x, z = load_golden(case)
+    q = fp4gen.quantize(x.cuda(), scaling=case["scaling"], block=tuple(case["block"]), rowwise=case["rowwise"],
+                        columnwise=case["columnwise"])
+    for direction, suffix in (("rowwise", ""), ("columnwise", "_t")):
+        if case[direction]:
+            op = getattr(q, direction)
+            np.testing.assert_array_equal(op.data.cpu().numpy(), z["data" + suffix])
+            np.testing.assert_array_equal(op.scale.view(torch.uint8).cpu().numpy(), z["scale" + suffix])
+            np.testing.assert_array_equal(op.amax.cpu().numpy().view(np.uint32), z["amax" + suffix].view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("scaling,block", MODES)
+@pytest.mark.parametrize("rows,cols", [(16, 16), (48, 80), (1040, 4112), (256, 1024)])
+def test_every_variant_equals_reference(dtype, direction, scaling, block, rows, cols):
+    rowwise, columnwise = DIRECTIONS[direction]
+    torch.manual_seed(rows + cols)
+    x = (torch.randn(rows, cols, device="cuda") * 3).to(dtype)
+    assert_same(x, scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("scaling,block", MODES)
+def test_heavy_dynamic_range_and_zero_rows_and_columns(dtype, scaling, block):
+    x = heavy(528, 784, dtype, seed=11)  # multiples of 16, not of 32
+    assert_same(x, scaling=scaling, block=block)
+
+
+def test_rounding_boundaries():
+    # values on and next to every E2M1 decision boundary, scaled so S_enc = 1 and the block scale is 1
+    base = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], device="cuda")
+    vals = torch.cat([base, base.nextafter(torch.zeros_like(base)), base.nextafter(torch.full_like(base, 9)),
+                      -base, torch.tensor([0.0, -0.0, 1e-30, -1e-30, 6.0, 6.0, 6.0, 6.0], device="cuda")])
+    x = vals.repeat(64, 4)[:, :128].contiguous()
+    for scaling in ("row", "tensor"):
+        assert_same(x, scaling=scaling)
+
+
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+def test_nan_input(scaling):
+    x = torch.randn(64, 96, device="cuda")
+    x[5, 7] = float("nan")
+    x[40:56, 16:32] = float("nan")  # a whole block
+    q = assert_same(x, scaling=scaling)
+    if scaling == "row":
+        assert torch.isnan(q.rowwise.amax).nonzero().flatten().tolist() == [5] + list(range(40, 56))
+        assert torch.isnan(q.columnwise.amax).nonzero().flatten().tolist() == [7] + list(range(16, 32))
+    else:
+        assert torch.isnan(q.rowwise.amax).all()
+    assert torch.isnan(fp4gen.dequantize(q.rowwise, torch.float32)[5]).all()
+
+
+def test_inf_input():
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+    x[3, 3] = float("inf")
+    x[20, 50] = -float("inf")
+    for scaling in ("row", "tensor"):
+        assert_same(x, scaling=scaling)
+
+
+def test_nd_input_and_row_strided_view():
+    x = torch.randn(4, 8, 64, device="cuda", dtype=torch.bfloat16)
+    assert_same(x)
+    wide = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    view = wide[:, 64:192]  # row stride 256, contiguous rows
+    got = fp4gen.quantize(view)
+    ref = fp4gen.quantize(view.contiguous(), backend="reference")
+    assert_same_operand(got.rowwise, ref.rowwise)
+    assert_same_operand(got.columnwise, ref.columnwise)
+
+
+def test_transposed_view_is_a_clear_error():
+    x = torch.randn(64, 32, device="cuda").t()
+    with pytest.raises(ValueError, match=r"strides \(1, 32\).*contiguous"):
+        fp4gen.quantize(x)
+
+
+def test_misaligned_input_is_a_clear_error():
+    x = torch.randn(32 * 64 + 1, device="cuda")[1:].view(32, 64)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        fp4gen.quantize(x)
+
+
+def test_empty_input():
+    for shape in ((0, 64), (32, 0)):
+        x = torch.empty(*shape, device="cuda", dtype=torch.bfloat16)
+        q = assert_same(x, scaling="row")
+        assert q.rowwise.data.shape == (shape[0], shape[1] // 2)
+
+
+def test_more_than_2_pow_31_elements():
+    rows, cols = (1 << 17) + 16, 1 << 14  # 2^31 + 2^18 elements
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    x[-1, -1] = 1000.0
+    q = fp4gen.quantize(x, scaling="row")
+    assert torch.equal(q.columnwise.amax, x.abs().amax(0).float())
+    assert torch.equal(q.rowwise.amax, x.abs().amax(1).float())
+    for r0 in (0, rows - 16):  # the first rows and rows past element 2^31
+        ref = fp4gen.quantize(x[r0:r0 + 16], scaling="row", columnwise=False, backend="reference").rowwise
+        assert torch.equal(q.rowwise.data[r0:r0 + 16], ref.data)
+        assert torch.equal(q.rowwise.scale[r0:r0 + 16].view(torch.uint8), ref.scale.view(torch.uint8))
+    for c0 in (0, cols - 16):  # columns: their codes past byte 2^30 of the columnwise buffer
+        ref = fp4gen.quantize(x[:, c0:c0 + 16], scaling="row", rowwise=False, backend="reference").columnwise
+        assert torch.equal(q.columnwise.data[c0:c0 + 16], ref.data)
+        assert torch.equal(q.columnwise.scale[c0:c0 + 16].view(torch.uint8), ref.scale.view(torch.uint8))
+
+
+def test_cuda_graph_capture_and_replay_with_new_input():
+    static_x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    fp4gen.quantize(static_x)  # warm up: load the libraries outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        q = fp4gen.quantize(static_x)
+    torch.cuda.current_stream().wait_stream(stream)
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        new = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16) * seed
+        static_x.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = fp4gen.quantize(new, backend="reference")
+        assert_same_operand(q.rowwise, ref.rowwise)
+        assert_same_operand(q.columnwise, ref.columnwise)
+
+
+def test_two_streams_at_once():
+    xs = [torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16) * (i + 1) for i in range(2)]
+    streams = [torch.cuda.Stream() for _ in xs]
+    torch.cuda.synchronize()
+    outs = []
+    for x, stream in zip(xs, streams):
+        with torch.cuda.stream(stream):
+            outs.append(fp4gen.quantize(x))
+    torch.cuda.synchronize()
+    for x, q in zip(xs, outs):
+        ref = fp4gen.quantize(x, backend="reference")
+        assert_same_operand(q.rowwise, ref.rowwise)
+        assert_same_operand(q.columnwise, ref.columnwise)
