@@ -78,20 +78,33 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     row_data, row_scale = (empty(rows, cols // 2), empty(rows, cols // 16)) if rowwise else (None, None)
     col_data, col_scale = (empty(cols, rows // 2), empty(cols, rows // 16)) if columnwise else (None, None)
 
+    if rows == 0 or cols == 0:  # nothing to read; an empty extent has amax 0 (as in the reference)
+        for amax in (row_amax, col_amax, tensor_amax):
+            if amax is not None:
+                amax.zero_()
+    else:
+        _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
+                         col_data, col_scale)
+    e4m3 = torch.float8_e4m3fn
+    row = NVFP4Data(row_data, row_scale.view(e4m3), row_amax) if rowwise else None
+    col = NVFP4Data(col_data, col_scale.view(e4m3), col_amax) if columnwise else None
+    return row, col
+
+
+def _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
+                     col_data, col_scale):
     def ptr(t):
         return t.data_ptr() if t is not None else None
 
+    rows, cols = x.shape
+    device = x.device
     stride = x.stride(0) if rows > 1 else cols
-    if row_scaled:
+    if tensor_amax is None:
         _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, ptr(row_amax), ptr(col_amax), None)
     else:
         _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, None, None, ptr(tensor_amax))
     _launch(quantize_kernel, device, x.data_ptr(), stride, rows, cols, ptr(row_amax), ptr(col_amax), ptr(row_data),
             ptr(row_scale), ptr(col_data), ptr(col_scale))
-    e4m3 = torch.float8_e4m3fn
-    row = NVFP4Data(row_data, row_scale.view(e4m3), row_amax) if rowwise else None
-    col = NVFP4Data(col_data, col_scale.view(e4m3), col_amax) if columnwise else None
-    return row, col
 
 
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool):
