@@ -1,6 +1,7 @@
 """Public entry points: argument checks, backend choice, then the backend does the work."""
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -68,8 +69,8 @@ def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool
     if x.dim() == 0:
         raise ValueError("x is a 0-d tensor; it needs at least one dimension [..., K]")
     k = x.shape[-1]
-    x2d = x.reshape(-1, k)
-    m = x2d.shape[0]
+    m = math.prod(x.shape[:-1])
+    x2d = x.reshape(m, k)  # a view whenever the layout allows one
     if k % BLOCK:
         raise ValueError(f"x has K = x.shape[-1] = {k}; K must be a multiple of {BLOCK} (the NVFP4 block)")
     if (columnwise or block == (16, 16)) and m % BLOCK:

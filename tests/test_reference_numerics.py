@@ -144,6 +144,9 @@ def test_empty_input():
     q = fp4gen.quantize(torch.zeros(0, 32), scaling="row", columnwise=True)
     assert q.rowwise.data.shape == (0, 16) and q.rowwise.amax.shape == (0,)
     assert q.columnwise.data.shape == (32, 0) and q.columnwise.amax.tolist() == [0.0] * 32
+    q = fp4gen.quantize(torch.zeros(2, 16, 0), scaling="tensor")  # K = 0
+    assert q.rowwise.data.shape == (32, 0) and q.rowwise.amax.tolist() == [0.0]
+    assert q.columnwise.data.shape == (0, 16)
 
 
 def _random_operand(rows, cols, row_scaled, seed):

@@ -187,3 +187,26 @@ def test_two_streams_at_once():
         ref = fp4gen.quantize(x, backend="reference")
         assert_same_operand(q.rowwise, ref.rowwise)
         assert_same_operand(q.columnwise, ref.columnwise)
+
+
+def test_e2m1_encoding_of_arbitrary_floats():
+    # Tensor scaling with amax 2688 gives S_enc = 1, and a 6 in every block gives block scale 1, so
+    # every other element is encoded as itself: a direct sweep of the E2M1 rounding over fp32 values.
+    g = torch.Generator(device="cuda").manual_seed(5)
+    n_blocks = 1 << 16
+    y = (torch.rand(n_blocks, 16, device="cuda", generator=g) * 14 - 7)
+    boundaries = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], device="cuda")
+    near = torch.cat([boundaries, boundaries.nextafter(torch.zeros_like(boundaries)),
+                      boundaries.nextafter(torch.full_like(boundaries, 9.0))])
+    near = torch.cat([near, -near, torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1e-38, -1e-38, float("nan"), -6.0],
+                                                device="cuda")])
+    y[: near.numel() // 8].view(-1)[: near.numel()] = near
+    exps = torch.randint(-149, 3, (n_blocks // 4, 16), device="cuda", generator=g).float()
+    y[n_blocks // 2: n_blocks // 2 + n_blocks // 4] = torch.exp2(exps) * torch.sign(torch.randn_like(exps))
+    y[:, 0] = 6.0
+    y[0, 1] = 2688.0  # the tensor amax; this one block gets its own scale
+    got = fp4gen.quantize(y, scaling="tensor", columnwise=False)
+    ref = fp4gen.quantize(y, scaling="tensor", columnwise=False, backend="reference")
+    assert got.rowwise.amax.item() == 2688.0
+    assert (got.rowwise.scale.float()[1:] == 1.0).all()
+    assert_same_operand(got.rowwise, ref.rowwise)

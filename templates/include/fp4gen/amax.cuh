@@ -18,7 +18,8 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restric
                                                             int64_t rows, int64_t cols, float* row_amax,
                                                             float* col_amax, float* tensor_amax) {
   using E = Element<InT>;
-  constexpr int kVec = E::kPerVector, kTileCols = 32 * kVec, kRowsPerWarp = kAmaxTileRows / kAmaxWarps;
+  constexpr int kVec = E::kPerVector, kPerWord = 4 / sizeof(InT);
+  constexpr int kTileCols = 32 * kVec, kRowsPerWarp = kAmaxTileRows / kAmaxWarps;
   __shared__ uint32_t col_partial[kAmaxWarps][kTileCols];
   __shared__ uint32_t warp_max[kAmaxWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -33,17 +34,19 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restric
     vec[r] = (col_ok && row < rows) ? *reinterpret_cast<const uint4*>(x + row * x_row_stride + col)
                                     : make_uint4(0, 0, 0, 0);
   }
-  uint32_t col_max[kVec] = {};
-  uint32_t thread_max = 0;
+  uint32_t col_max[4] = {0u, 0u, 0u, 0u};  // packed per word, like the input
+  uint32_t thread_max = 0;                 // element |x| bits
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
-    uint32_t row_max = 0;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(&vec[r]);
+    uint32_t packed_row_max = 0;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const uint32_t b = abs_bits<InT>(vec[r], i);
-      col_max[i] = max(col_max[i], b);
-      row_max = max(row_max, b);
+    for (int w = 0; w < 4; ++w) {
+      col_max[w] = word_abs_max<InT>(col_max[w], words[w]);
+      packed_row_max = word_abs_max<InT>(packed_row_max, words[w]);
     }
+    uint32_t row_max = word_element<InT>(packed_row_max, 0);
+    if constexpr (kPerWord == 2) row_max = max(row_max, word_element<InT>(packed_row_max, 1));
     thread_max = max(thread_max, row_max);
     if (row_amax != nullptr) {
 #pragma unroll
@@ -54,7 +57,7 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restric
   }
   if (col_amax != nullptr) {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) col_partial[warp][lane * kVec + i] = col_max[i];
+    for (int i = 0; i < kVec; ++i) col_partial[warp][lane * kVec + i] = word_element<InT>(col_max[i / kPerWord], i % kPerWord);
   }
   if (tensor_amax != nullptr) {
 #pragma unroll

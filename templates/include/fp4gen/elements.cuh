@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -38,15 +39,25 @@ struct Element<float> {
   static __device__ __forceinline__ uint32_t abs_bits_as_float_bits(uint32_t abs_bits) { return abs_bits; }
 };
 
-// |x| bits of element i of a 16-byte vector, in the element's own width.
+// NaN-propagating max of |x| over the elements packed in 32-bit words: two 16-bit elements per word
+// (one packed bf16x2/f16x2 max with .NaN, so NaN wins) or one fp32 (an integer max of the |x| bits,
+// where NaN > Inf > every finite value).
 template <class InT>
-__device__ __forceinline__ uint32_t abs_bits(const uint4& vec, int i) {
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(&vec);
-  if constexpr (sizeof(InT) == 2) {
-    return (words[i / 2] >> (16 * (i % 2))) & Element<InT>::kAbsMask;
+__device__ __forceinline__ uint32_t word_abs_max(uint32_t acc, uint32_t word) {
+  if constexpr (std::is_same_v<InT, float>) {
+    return max(acc, word & Element<InT>::kAbsMask);
   } else {
-    return words[i] & Element<InT>::kAbsMask;
+    using Pair = std::conditional_t<std::is_same_v<InT, __half>, __half2, __nv_bfloat162>;
+    const uint32_t abs_word = word & 0x7FFF7FFFu;
+    const Pair m = __hmax2_nan(*reinterpret_cast<const Pair*>(&acc), *reinterpret_cast<const Pair*>(&abs_word));
+    return *reinterpret_cast<const uint32_t*>(&m);
   }
+}
+
+// The |x| bits of element i (0 or 1) of an accumulator word.
+template <class InT>
+__device__ __forceinline__ uint32_t word_element(uint32_t word, int i) {
+  return sizeof(InT) == 2 ? (word >> (16 * i)) & 0xFFFFu : word;
 }
 
 }  // namespace fp4gen

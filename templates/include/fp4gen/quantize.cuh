@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(kQuantThreads)
   __shared__ __align__(16) InT tile[kQuantTile][kQuantTile];
   __shared__ uint2 col_stage[kColwise ? kQuantTile : 1][kBlocksPerTileRow];
   __shared__ float row_block_max[k2D ? kQuantTile : 1][kBlocksPerTileRow];
+  __shared__ GlobalScale row_global[kRowwise ? kQuantTile : 1], col_global[kColwise ? kQuantTile : 1];
   const int t = threadIdx.x;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kQuantTile, k0 = static_cast<int64_t>(blockIdx.y) * kQuantTile;
 
@@ -38,6 +39,13 @@ __global__ void __launch_bounds__(kQuantThreads)
     uint4 vec = make_uint4(0, 0, 0, 0);
     if (m0 + r < rows && k0 + c < cols) vec = *reinterpret_cast<const uint4*>(x + (m0 + r) * x_row_stride + k0 + c);
     *reinterpret_cast<uint4*>(&tile[r][c]) = vec;
+  }
+  // 2. while the loads land: the global scales of the tile's rows and columns, once each
+  if (kRowwise && t < kQuantTile) {
+    row_global[t] = global_scale(row_amax[kRowScaled ? (m0 + t < rows ? m0 + t : 0) : 0]);
+  } else if (kColwise && t >= kQuantTile && t < 2 * kQuantTile) {
+    const int c = t - kQuantTile;
+    col_global[c] = global_scale(col_amax[kRowScaled ? (k0 + c < cols ? k0 + c : 0) : 0]);
   }
   __syncthreads();
 
@@ -65,7 +73,7 @@ __global__ void __launch_bounds__(kQuantThreads)
     if (rw_ok) {
       const int64_t grow = m0 + rw_row, gcol = k0 + rw_blk * 16;
       const float bamax = k2D ? tile_16x16_max(rw_row / 16, rw_blk) : block_abs_max(rw);
-      const BlockEncoding enc = encode_block_scale(bamax, global_encode_scale(row_amax[kRowScaled ? grow : 0]));
+      const BlockEncoding enc = encode_block_scale(bamax, row_global[rw_row]);
       *reinterpret_cast<uint2*>(row_data + grow * (cols / 2) + gcol / 2) = encode_block_codes<kHardwareCvt>(rw, enc.inverse);
       row_scale[grow * (cols / 16) + gcol / 16] = static_cast<uint8_t>(enc.scale_byte);
     }
@@ -77,7 +85,7 @@ __global__ void __launch_bounds__(kQuantThreads)
     if (cw_ok) {
       const int64_t gcol = k0 + cw_col, grow = m0 + cw_blk * 16;
       const float bamax = k2D ? tile_16x16_max(cw_blk, cw_col / 16) : block_abs_max(cw);
-      const BlockEncoding enc = encode_block_scale(bamax, global_encode_scale(col_amax[kRowScaled ? gcol : 0]));
+      const BlockEncoding enc = encode_block_scale(bamax, col_global[cw_col]);
       col_stage[cw_col][cw_blk] = encode_block_codes<kHardwareCvt>(cw, enc.inverse);
       col_scale[gcol * (rows / 16) + grow / 16] = static_cast<uint8_t>(enc.scale_byte);
     }
