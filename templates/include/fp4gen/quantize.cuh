@@ -74,9 +74,14 @@ __global__ void __launch_bounds__(kQuantThreads)
 
     const bool rw_ok = m0 + rw_row < rows && k0 + rw_blk * 16 < cols;
     const bool cw_ok = k0 + cw_col < cols && m0 + cw_blk * 16 < rows;
-    float rw[16];
+    float rw[16];  // a row block is 16 contiguous elements: read it as 16-byte vectors
 #pragma unroll
-    for (int i = 0; i < 16; ++i) rw[i] = E::to_float(tile[buf][rw_row][rw_blk * 16 + i]);
+    for (int v = 0; v < 16 / kVec; ++v) {
+      const uint4 vec = *reinterpret_cast<const uint4*>(&tile[buf][rw_row][rw_blk * 16 + v * kVec]);
+      const InT* elems = reinterpret_cast<const InT*>(&vec);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) rw[v * kVec + i] = E::to_float(elems[i]);
+    }
     if constexpr (k2D) {  // 16x16 tile amax: max over the 16 row-block maxima of the tile
       row_block_max[rw_row][rw_blk] = block_abs_max(rw);
       __syncthreads();
