@@ -6,16 +6,12 @@ measured in this run, the ratio of the two bandwidths, and the speed-up over `to
 reference backend's dequantize.
 """
 import torch
-import triton.testing
 
 import fp4gen
 from fp4gen import reference
+from timing import copy_bandwidth_gbs, median_ms
 
 SHAPES = [(8192, 8192), (16384, 4096), (32768, 8192)]
-
-
-def _median_ms(fn):
-    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
 def main():
@@ -29,13 +25,11 @@ def main():
         for dtype in (torch.bfloat16, torch.float32):
             out_bytes = rows * cols * torch.empty(0, dtype=dtype).element_size()
             moved = op.data.numel() + op.scale.numel() + op.amax.numel() * 4 + out_bytes
-            ms = _median_ms(lambda: fp4gen.dequantize(op, dtype))
-            src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
-            dst = torch.empty_like(src)
-            copy_ms = _median_ms(lambda: dst.copy_(src))  # the same bytes: half read, half written
+            ms = median_ms(lambda: fp4gen.dequantize(op, dtype))
+            copy_gbs = copy_bandwidth_gbs(moved)
             compiled = torch.compile(reference.dequantize, dynamic=False)  # specialised per shape
-            compiled_ms = _median_ms(lambda: compiled(op, dtype))
-            gbs, copy_gbs = moved / ms / 1e6, moved / copy_ms / 1e6
+            compiled_ms = median_ms(lambda: compiled(op, dtype))
+            gbs = moved / ms / 1e6
             print(f"{rows:>6}x{cols:<7} {str(dtype)[6:]:>9} {ms * 1e3:>10.1f} {gbs:>7.0f} {copy_gbs:>10.0f} "
                   f"{gbs / copy_gbs:>8.2f} {compiled_ms * 1e3:>12.1f} {compiled_ms / ms:>9.2f}")
 

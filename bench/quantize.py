@@ -1,15 +1,16 @@
 """fp4gen.quantize on the current GPU against the baselines of design.md section 6.
 
-For each shape and mode it prints: the time of the whole call (amax pass + quantize pass), its traffic
-bandwidth (input bytes read twice, plus every output byte written, over that time), a device-to-device
-copy of the same number of bytes measured in the same run, the ratio of the two, and the speed-up over
+For each shape and mode it prints: the time of the whole call (amax pass + quantize pass) called eagerly
+and replayed from a CUDA graph (device time, no Python launch overhead), the traffic bandwidth of the
+graph time (input bytes read twice, plus every output byte written), a device-to-device copy of the same
+number of bytes measured in the same run, the ratio of the two, and the speed-up of the eager call over
 `torch.compile` of the reference backend's quantize.
 """
 import torch
-import triton.testing
 
 import fp4gen
 from fp4gen import reference
+from timing import copy_bandwidth_gbs, graph_median_ms, median_ms
 
 SHAPES = [(8192, 8192), (16384, 4096)]
 MODES = [  # (label, scaling, block, rowwise, columnwise)
@@ -18,10 +19,6 @@ MODES = [  # (label, scaling, block, rowwise, columnwise)
     ("row-scaled, rowwise", "row", (1, 16), True, False),
     ("16x16 weights, both", "tensor", (16, 16), True, True),
 ]
-
-
-def _median_ms(fn):
-    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
 def _traffic_bytes(rows, cols, elem, rowwise, columnwise, row_scaled):
@@ -36,22 +33,21 @@ def _traffic_bytes(rows, cols, elem, rowwise, columnwise, row_scaled):
 def main():
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
-    print(f"{'shape':>12} {'mode':<21} {'fp4gen us':>9} {'GB/s':>6} {'copy GB/s':>9} {'of copy':>7} "
-          f"{'compiled us':>11} {'speed-up':>8}")
+    print(f"{'shape':>12} {'mode':<21} {'eager us':>8} {'graph us':>8} {'GB/s':>6} {'copy GB/s':>9} "
+          f"{'of copy':>7} {'compiled us':>11} {'speed-up':>8}")
     for rows, cols in SHAPES:
         x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
         for label, scaling, block, rowwise, columnwise in MODES:
             kw = dict(scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
-            ms = _median_ms(lambda: fp4gen.quantize(x, **kw))
+            ms = median_ms(lambda: fp4gen.quantize(x, **kw))
+            graph_ms = graph_median_ms(lambda: fp4gen.quantize(x, **kw))
             moved = _traffic_bytes(rows, cols, x.element_size(), rowwise, columnwise, scaling == "row")
-            src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
-            dst = torch.empty_like(src)
-            copy_ms = _median_ms(lambda: dst.copy_(src))  # the same bytes: half read, half written
+            copy_gbs = copy_bandwidth_gbs(moved)
             compiled = torch.compile(reference.quantize, dynamic=False)
-            compiled_ms = _median_ms(lambda: compiled(x, scaling, block, rowwise, columnwise))
-            gbs, copy_gbs = moved / ms / 1e6, moved / copy_ms / 1e6
-            print(f"{rows:>5}x{cols:<6} {label:<21} {ms * 1e3:>9.1f} {gbs:>6.0f} {copy_gbs:>9.0f} "
-                  f"{gbs / copy_gbs:>7.2f} {compiled_ms * 1e3:>11.1f} {compiled_ms / ms:>8.2f}")
+            compiled_ms = median_ms(lambda: compiled(x, scaling, block, rowwise, columnwise))
+            gbs = moved / graph_ms / 1e6
+            print(f"{rows:>5}x{cols:<6} {label:<21} {ms * 1e3:>8.1f} {graph_ms * 1e3:>8.1f} {gbs:>6.0f} "
+                  f"{copy_gbs:>9.0f} {gbs / copy_gbs:>7.2f} {compiled_ms * 1e3:>11.1f} {compiled_ms / ms:>8.2f}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 allocator, and launch on the current stream of the tensors' device."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..formats import NVFP4Data
@@ -14,9 +16,29 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple:
+    return tuple(torch.cuda.get_device_capability(device_index))
+
+
 def _problem(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointers=None, values=None) -> Problem:
-    return Problem(op, tuple(torch.cuda.get_device_capability(device)),
-                   {axis: _dtype_name(d) for axis, d in dtypes.items()}, values or {}, cols, pointers or {})
+    return Problem(op, _capability(device.index), {axis: _dtype_name(d) for axis, d in dtypes.items()},
+                   values or {}, cols, pointers or {})
+
+
+_PLANS = {}  # problem signature -> loaded kernel: the hot path is one dict lookup
+
+
+def _kernel_for(problem: Problem):
+    """select() + load_kernel(), memoised on everything that decides the choice: the operation, arch,
+    dtypes and spec values, and the rules' inputs (cols modulo 16, addresses modulo 16)."""
+    key = (problem.op, problem.compute_capability, tuple(sorted(problem.dtypes.items())),
+           tuple(sorted(problem.values.items())), problem.cols % 16,
+           tuple(sorted((arg, address % 16) for arg, address in problem.pointers.items())))
+    kernel = _PLANS.get(key)
+    if kernel is None:
+        kernel = _PLANS[key] = load_kernel(select(problem, load_manifest()))
+    return kernel
 
 
 def _row_start_bits(t: torch.Tensor) -> int:
@@ -26,8 +48,12 @@ def _row_start_bits(t: torch.Tensor) -> int:
 
 
 def _launch(kernel, device: torch.device, *args) -> None:
-    with torch.cuda.device(device):  # the launch goes to the current device: make it the tensors' device
-        kernel.run(*args, stream=torch.cuda.current_stream(device).cuda_stream)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    if torch.cuda.current_device() == device.index:
+        kernel.run(*args, stream=stream)
+    else:
+        with torch.cuda.device(device):  # the launch goes to the current device: make it the tensors' device
+            kernel.run(*args, stream=stream)
 
 
 def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
@@ -38,7 +64,7 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
     amax = operand.amax.contiguous()
     problem = _problem("dequantize", device, {"out_dtype": dtype}, cols,
                        {"data": _row_start_bits(data), "out": out.data_ptr()})
-    kernel = load_kernel(select(problem, load_manifest()))
+    kernel = _kernel_for(problem)
     _launch(kernel, device, data.data_ptr(), scale.data_ptr(), amax.data_ptr(), out.data_ptr(), rows, cols,
             data.stride(0), scale.stride(0), 1 if operand.row_scaled else 0, out.stride(0))
     return out
@@ -60,11 +86,9 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     device, row_scaled = x.device, scaling == "row"
     direction = "both" if rowwise and columnwise else ("rowwise" if rowwise else "columnwise")
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}  # an empty x is never read
-    manifest = load_manifest()
-    amax_kernel = load_kernel(select(_problem("amax", device, {"in_dtype": x.dtype}, cols, pointers), manifest))
-    quantize_kernel = load_kernel(select(_problem(
-        "quantize", device, {"in_dtype": x.dtype}, cols, pointers,
-        {"direction": direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}"}), manifest))
+    amax_kernel = _kernel_for(_problem("amax", device, {"in_dtype": x.dtype}, cols, pointers))
+    quantize_kernel = _kernel_for(_problem("quantize", device, {"in_dtype": x.dtype}, cols, pointers, {
+        "direction": direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}"}))
 
     def empty(*shape, dtype=torch.uint8):
         return torch.empty(*shape, dtype=dtype, device=device)
