@@ -1,10 +1,14 @@
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = Path(__file__).parent / "golden"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -18,6 +22,20 @@ def load_golden(case):
     z = np.load(GOLDEN_DIR / f"{case['name']}.npz")
     x = torch.from_numpy(z["x_f32"]).to(DTYPES[case["dtype"]])
     return x, z
+
+
+def copy_project(dest: Path) -> Path:
+    """The parts of the checkout build.py works on (specs, templates, generated/, build.py) in `dest`, so a
+    test can edit them and run build.py without touching the real checkout."""
+    for part in ("codegen", "templates", "generated"):
+        shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "build.py", dest / "build.py")
+    return dest
+
+
+def run_build_py(project: Path, *args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(project / "build.py"), *args], capture_output=True, text=True,
+                          env=env)
 
 
 def pytest_collection_modifyitems(config, items):

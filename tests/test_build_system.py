@@ -1,7 +1,6 @@
 """build.py's compiler side without compiling: ninja text, cache keys, missing-tool messages."""
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,8 +9,8 @@ import pytest
 from codegen import tables
 from codegen.ninja import CompileJob, build_seconds, write_ninja
 from codegen.toolchain import Toolchain, cache_key
+from conftest import copy_project, run_build_py
 
-ROOT = Path(__file__).resolve().parents[1]
 TOOLCHAIN = Toolchain("/opt/cuda/bin/nvcc", "Build cuda_13.0", Path("/cutlass/include"), "4.2.0.0",
                       Path("/repo/templates/include"))
 
@@ -58,32 +57,25 @@ def test_build_seconds_reads_ninja_log(tmp_path):
     assert build_seconds(tmp_path) == {"/c/k.so": 2.5}
 
 
-def _copy_project(tmp_path):
-    for part in ("codegen", "templates", "generated"):
-        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "build.py", tmp_path)
-    return tmp_path
-
-
 def _run_build(project, env_changes):
     env = {k: v for k, v in os.environ.items() if k != "CUDA_HOME"}
     env.update(env_changes)
-    return subprocess.run([sys.executable, str(project / "build.py")], capture_output=True, text=True, env=env)
+    return run_build_py(project, env=env)
 
 
 def test_missing_nvcc_is_a_clear_message(tmp_path):
-    result = _run_build(_copy_project(tmp_path), {"PATH": str(Path(sys.executable).parent)})
+    result = _run_build(copy_project(tmp_path), {"PATH": str(Path(sys.executable).parent)})
     assert shutil.which("nvcc", path=str(Path(sys.executable).parent)) is None
     assert result.returncode == 2 and "nvcc not found" in result.stderr and "CUDA_HOME" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_bad_cuda_home_is_a_clear_message(tmp_path):
-    result = _run_build(_copy_project(tmp_path), {"CUDA_HOME": str(tmp_path / "nowhere")})
+    result = _run_build(copy_project(tmp_path), {"CUDA_HOME": str(tmp_path / "nowhere")})
     assert result.returncode == 2 and "CUDA_HOME=" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to get past the nvcc check")
 def test_missing_cutlass_headers_is_a_clear_message(tmp_path):
-    result = _run_build(_copy_project(tmp_path), {"FP4GEN_CUTLASS_DIR": str(tmp_path / "nowhere")})
+    result = _run_build(copy_project(tmp_path), {"FP4GEN_CUTLASS_DIR": str(tmp_path / "nowhere")})
     assert result.returncode == 2 and "FP4GEN_CUTLASS_DIR" in result.stderr and "Traceback" not in result.stderr

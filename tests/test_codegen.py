@@ -1,9 +1,6 @@
 """Specs -> variants -> names -> generated/: validation messages, determinism, staleness checks (no GPU)."""
 import itertools
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ from codegen.families import FAMILIES
 from codegen.naming import MAX_NAME_LENGTH, kernel_name
 from codegen.render import check_generated, render_all, variants_by_name, load_specs
 from codegen.spec import KernelSpec, Variant, expand, load_spec
+from conftest import copy_project, run_build_py
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = "family: dequantize\naxes:\n  out_dtype: [bf16, fp32]\n  arch: [sm90a]\n"
@@ -97,52 +95,40 @@ def test_committed_generated_dir_is_in_sync():
     assert check_generated(ROOT / "generated", render_all(ROOT)) == []
 
 
-def _copy_project(tmp_path) -> Path:
-    for part in ("codegen", "templates", "generated"):
-        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "build.py", tmp_path / "build.py")
-    return tmp_path
-
-
-def _build_py(project, *args, env=None):
-    return subprocess.run([sys.executable, str(project / "build.py"), *args], capture_output=True, text=True,
-                          env=env)
-
-
 def test_check_fails_when_a_spec_template_or_generated_file_changes(tmp_path):
-    project = _copy_project(tmp_path)
-    assert _build_py(project, "--check").returncode == 0
+    project = copy_project(tmp_path)
+    assert run_build_py(project, "--check").returncode == 0
     spec = project / "codegen/specs/dequantize.yaml"
     spec.write_text(spec.read_text().replace("[bf16, fp16, fp32]", "[bf16, fp32]"))
-    result = _build_py(project, "--check")
+    result = run_build_py(project, "--check")
     assert result.returncode == 1 and "not declared by any spec: generated/dequantize_nvfp4_to_fp16_sm90a.cu" in result.stdout
-    assert _build_py(project, "--render-only").returncode == 0
-    assert _build_py(project, "--check").returncode == 0
-    template = project / "templates/dequantize.cu.j2"
+    assert run_build_py(project, "--render-only").returncode == 0
+    assert run_build_py(project, "--check").returncode == 0
+    template = project / "templates/kernel_abi.cu.j2"
     template.write_text(template.read_text() + "// changed\n")
-    result = _build_py(project, "--check")
+    result = run_build_py(project, "--check")
     assert result.returncode == 1 and "differs: generated/dequantize_nvfp4_to_bf16_sm90a.cu" in result.stdout
 
 
 def test_a_header_edit_makes_the_manifest_stale(tmp_path):
-    project = _copy_project(tmp_path)
+    project = copy_project(tmp_path)
     header = project / "templates/include/fp4gen/nvfp4.cuh"
     header.write_text(header.read_text() + "// changed\n")
-    result = _build_py(project, "--check")
+    result = run_build_py(project, "--check")
     assert result.returncode == 1 and "differs: generated/manifest.json" in result.stdout
 
 
 def test_adding_a_variant_is_a_yaml_edit(tmp_path):
-    project = _copy_project(tmp_path)
+    project = copy_project(tmp_path)
     (project / "codegen/specs/dequantize_extra.yaml").write_text(
         "family: dequantize\naxes: {out_dtype: [fp32], arch: [sm90a]}\n")
-    result = _build_py(project, "--render-only")  # the new spec repeats a kernel: refused with the reason
+    result = run_build_py(project, "--render-only")  # the new spec repeats a kernel: refused with the reason
     assert result.returncode == 2 and "already declares" in result.stderr and "Traceback" not in result.stderr
     spec = project / "codegen/specs/dequantize.yaml"
     spec.write_text(spec.read_text().replace("[bf16, fp16, fp32]", "[bf16, fp16]"))
-    assert _build_py(project, "--render-only").returncode == 0
+    assert run_build_py(project, "--render-only").returncode == 0
     manifest = json.loads((project / "generated/manifest.json").read_text())["kernels"]
     assert "dequantize_nvfp4_to_fp32_sm90a" in manifest and "dequantize_nvfp4_to_fp32_sm100a" not in manifest
     assert manifest["dequantize_nvfp4_to_fp32_sm90a"]["spec"] == "codegen/specs/dequantize_extra.yaml"
-    listing = _build_py(project, "--list").stdout
+    listing = run_build_py(project, "--list").stdout
     assert "dequantize_nvfp4_to_fp32_sm90a" in listing and "5 kernels" in listing
