@@ -146,7 +146,14 @@ def cmd_build(args, files) -> int:
                   f"({toolchain.nvcc_version}, CUTLASS {toolchain.cutlass_version})", flush=True)
             build_file = BUILD_DIR / "build.ninja"
             write_ninja(build_file, toolchain.nvcc, toolchain.include_flags(), missing, cache / "tmp")
-            if run_ninja(build_file, n_jobs) != 0:
+            ok = run_ninja(build_file, n_jobs) == 0
+            if header_digests(toolchain.fp4gen_include) != headers:
+                # the cache keys were computed from the headers as they were when the build started
+                for job in missing:
+                    shutil.rmtree(job.entry, ignore_errors=True)
+                print("error: templates/include changed while compiling; rerun python build.py", file=sys.stderr)
+                return 1
+            if not ok:
                 print("build failed: the nvcc errors are above. Fix the spec or template and rerun python build.py",
                       file=sys.stderr)
                 return 1

@@ -113,4 +113,39 @@ FAMILIES = {
         excluded=(({"scaling": "row", "block": "16x16"},
                    "16x16 blocks share one scale across 16 rows, so they cannot take a per-row amax"),),
     ),
+    "gemm_sm90": Family(
+        name="gemm_sm90",
+        op="gemm",
+        description="Hopper D = A @ B.T over block-scaled bf16 operands with the bilateral amax epilogue",
+        template="gemm_sm90.cu.j2",
+        name_prefix="gemm_nvfp4",
+        axes={
+            "out_dtype": {"bf16": "bf16out", "fp32": "fp32out"},
+            "tile": {"128x256x64": "t128x256x64_coop", "64x128x64": "t64x128x64_pingpong"},
+            "arch": {"sm90a": "sm90a"},
+        },
+        params=(
+            Param("a", "const void*"),  # [M, K] bf16 block-scaled values, row stride lda
+            Param("b", "const void*"),  # [N, K] bf16 block-scaled values, row stride ldb
+            Param("c", "const void*"),  # [M, N] like D; read only when beta != 0
+            Param("d", "void*"),  # [M, N], row stride ldd
+            Param("row_amax", "const float*"),  # [M] or [1]: a's amax
+            Param("col_amax", "const float*"),  # [N] or [1]: b's amax
+            Param("alpha", "float"),  # fl(1 / 2688^2)
+            Param("beta", "float"),  # 0, or 1 to accumulate into C
+            Param("m", "int64_t"),
+            Param("n", "int64_t"),
+            Param("k", "int64_t"),
+            Param("lda", "int64_t"),  # elements
+            Param("ldb", "int64_t"),
+            Param("ldc", "int64_t"),
+            Param("ldd", "int64_t"),
+            Param("row_is_vector", "int64_t"),  # 1: row_amax has M entries; 0: broadcast row_amax[0]
+            Param("col_is_vector", "int64_t"),
+            Param("workspace", "void*"),  # workspace_size() bytes from the caller's allocator
+        ),
+        # K is a multiple of 16 (NVFP4 blocks); TMA needs 16-byte aligned pointers and row strides
+        constraints={"cols_multiple_of": 16},
+        alignment={"a": 16, "b": 16, "c": 16, "d": 16},
+    ),
 }

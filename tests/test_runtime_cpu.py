@@ -29,8 +29,8 @@ def test_select_matches_op_arch_and_dtype():
 def test_select_without_a_declared_kernel_is_a_build_error():
     with pytest.raises(fp4gen.BuildError, match=r"dequantize on compute capability 8\.0.*codegen/specs.*build\.py"):
         select(_problem(compute_capability=(8, 0)), MANIFEST)
-    with pytest.raises(fp4gen.BuildError, match=r"gemm on compute capability 9\.0"):
-        select(_problem(op="gemm"), MANIFEST)
+    with pytest.raises(fp4gen.BuildError, match=r"gemm on compute capability 10\.0"):
+        select(_problem(op="gemm", compute_capability=(10, 0)), MANIFEST)  # no Blackwell GEMM declared yet
 
 
 def test_select_reports_the_rule_a_problem_breaks():
@@ -127,6 +127,25 @@ def test_built_quantize_library_checks_problems(name):
     assert kernel.can_implement(*ok[:2], 24, *ok[3:]) == (1 if needs_rows_of_16 else 0)
     missing_output = ok[:6] + (None,) * 4
     assert kernel.can_implement(*missing_output) == 1
+
+
+def test_gemm_tile_choice_follows_m():
+    def chosen(rows):
+        return select(_problem(op="gemm", rows=rows, pointers={}), MANIFEST)
+    assert chosen(1).endswith("t64x128x64_pingpong_sm90a") and chosen(127).endswith("t64x128x64_pingpong_sm90a")
+    assert chosen(128).endswith("t128x256x64_coop_sm90a") and chosen(8192).endswith("t128x256x64_coop_sm90a")
+
+
+@needs_build
+@pytest.mark.parametrize("name", _kernels("gemm"))
+def test_built_gemm_library_checks_problems(name):
+    kernel = library.load_kernel(name)
+    m, n, k = 128, 256, 64
+    ok = (0x10000, 0x20000, 0x30000, 0x30000, 0x40000, 0x50000, 1.0, 0.0, m, n, k, k, k, n, n, 1, 0, None)
+    assert kernel.can_implement(*ok) == 0
+    assert kernel.can_implement(*ok[:3], 0x30008, *ok[4:]) == 2  # d not 16-byte aligned
+    assert kernel.can_implement(*ok[:10], 40, *ok[11:]) == 1  # K not a multiple of 16
+    assert kernel.can_implement(*ok[:4], None, *ok[5:]) == 1  # no row amax
 
 
 def test_quantize_of_cpu_tensor_with_backend_cuda_is_refused():

@@ -9,7 +9,7 @@ from ..errors import BuildError, KernelError
 from .manifest import INDEX, lib_dir, load_manifest
 
 ABI_VERSION = 1  # must equal FP4GEN_ABI_VERSION in templates/include/fp4gen/abi.h
-_CTYPES = {"pointer": ctypes.c_void_p, "int64": ctypes.c_int64}
+_CTYPES = {"pointer": ctypes.c_void_p, "int64": ctypes.c_int64, "float32": ctypes.c_float}
 _STATUS = {
     1: "the problem breaks the kernel's shape or stride rules",
     2: "a pointer or row stride breaks the kernel's alignment",

@@ -21,9 +21,10 @@ def _capability(device_index: int) -> tuple:
     return tuple(torch.cuda.get_device_capability(device_index))
 
 
-def _problem(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointers=None, values=None) -> Problem:
+def _problem(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointers=None, values=None,
+             rows: int = 0) -> Problem:
     return Problem(op, _capability(device.index), {axis: _dtype_name(d) for axis, d in dtypes.items()},
-                   values or {}, cols, pointers or {})
+                   values or {}, cols, rows, pointers or {})
 
 
 _PLANS = {}  # problem signature -> loaded kernel: the hot path is one dict lookup
@@ -33,7 +34,7 @@ def _kernel_for(problem: Problem):
     """select() + load_kernel(), memoised on everything that decides the choice: the operation, arch,
     dtypes and spec values, and the rules' inputs (cols modulo 16, addresses modulo 16)."""
     key = (problem.op, problem.compute_capability, tuple(sorted(problem.dtypes.items())),
-           tuple(sorted(problem.values.items())), problem.cols % 16,
+           tuple(sorted(problem.values.items())), problem.cols % 16, min(problem.rows, 256),
            tuple(sorted((arg, address % 16) for arg, address in problem.pointers.items())))
     kernel = _PLANS.get(key)
     if kernel is None:
@@ -56,7 +57,9 @@ def _launch(kernel, device: torch.device, *args) -> None:
             kernel.run(*args, stream=stream)
 
 
-def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
+def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True) -> torch.Tensor:
+    """out = e2m1 * block scale * amax / 2688; with_amax=False leaves out the second-level factor (the
+    block-scaled values a GEMM multiplies, exact in bf16)."""
     rows, cols = operand.shape
     device = operand.device
     out = torch.empty(rows, cols, dtype=dtype, device=device)
@@ -65,16 +68,10 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
     problem = _problem("dequantize", device, {"out_dtype": dtype}, cols,
                        {"data": _row_start_bits(data), "out": out.data_ptr()})
     kernel = _kernel_for(problem)
-    _launch(kernel, device, data.data_ptr(), scale.data_ptr(), amax.data_ptr(), out.data_ptr(), rows, cols,
-            data.stride(0), scale.stride(0), 1 if operand.row_scaled else 0, out.stride(0))
+    _launch(kernel, device, data.data_ptr(), scale.data_ptr(), amax.data_ptr() if with_amax else None,
+            out.data_ptr(), rows, cols, data.stride(0), scale.stride(0), 1 if operand.row_scaled else 0,
+            out.stride(0))
     return out
-
-
-def _not_launchable(problem: Problem):
-    """No spec declares gemm kernels yet: select() raises the BuildError that says so. Should a manifest
-    declare one before its launcher exists, say that instead of running anything else."""
-    name = select(problem, load_manifest())
-    raise NotImplementedError(f"{name} is declared but this runtime has no launcher for {problem.op} yet")
 
 
 def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool):
@@ -131,5 +128,38 @@ def _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor
             ptr(row_scale), ptr(col_data), ptr(col_scale))
 
 
+# fl(1 / (2688 * 2688)): ctypes rounds the double quotient to fp32, which equals the fp32 quotient
+GEMM_ALPHA = 1.0 / (2688.0 * 2688.0)
+
+
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool):
-    _not_launchable(_problem("gemm", a.device, {"out_dtype": out_dtype}, a.shape[1]))
+    """Hopper first version: both operands to block-scaled bf16 scratch (exact), then a CUTLASS GEMM
+    whose epilogue applies alpha * row_amax[i] * col_amax[j] and, when accumulating, adds C = out."""
+    (m, k), n = a.shape, b.shape[0]
+    device = a.device
+    if m == 0 or n == 0:
+        return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=device)
+    a16 = dequantize(a, torch.bfloat16, with_amax=False)
+    b16 = dequantize(b, torch.bfloat16, with_amax=False)
+    # TMA stores need 16-byte aligned rows: write into a padded buffer unless `out` already qualifies
+    align = 16 // torch.empty(0, dtype=out_dtype).element_size()
+    if out is not None and out.stride(1) == 1 and out.stride(0) % align == 0 and out.data_ptr() % 16 == 0:
+        d = out
+    else:
+        d = torch.empty(m, -(-n // align) * align, dtype=out_dtype, device=device)[:, :n]
+        if accumulate:
+            d.copy_(out)
+    problem = _problem("gemm", device, {"out_dtype": out_dtype}, k,
+                       {"a": _row_start_bits(a16), "b": _row_start_bits(b16), "d": _row_start_bits(d)}, rows=m)
+    kernel = _kernel_for(problem)
+    row_amax, col_amax = a.amax.contiguous(), b.amax.contiguous()
+    args = (a16.data_ptr(), b16.data_ptr(), d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(),
+            GEMM_ALPHA, 1.0 if accumulate else 0.0, m, n, k, a16.stride(0), b16.stride(0), d.stride(0), d.stride(0),
+            int(a.row_scaled), int(b.row_scaled))
+    workspace = torch.empty(max(kernel.workspace_size(*args, None), 1), dtype=torch.uint8, device=device)
+    _launch(kernel, device, *args, workspace.data_ptr())
+    if out is None:
+        return d
+    if d is not out:
+        out.copy_(d)
+    return out

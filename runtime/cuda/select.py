@@ -15,6 +15,7 @@ class Problem:
     dtypes: dict  # axis -> torch dtype name, e.g. {"out_dtype": "bfloat16"}
     values: dict = field(default_factory=dict)  # other spec axes the kernel must have, e.g. {"direction": "both"}
     cols: int = 0  # the dimension that kernels constrain (`cols_multiple_of`)
+    rows: int = 0  # M, for choosing a GEMM tile
     pointers: dict = field(default_factory=dict)  # argument -> address (alignment checks)
 
     def describe(self) -> str:
@@ -35,10 +36,22 @@ def _rule_violations(kernel: dict, problem: Problem) -> list:
     return reasons
 
 
-def select(problem: Problem, manifest: dict) -> str:
-    """Filter the manifest by operation, arch and dtypes, then by each kernel's rules.
+def _rank(kernel: dict, problem: Problem) -> tuple:
+    """Smaller is better. GEMM tiles: the tallest tile no taller than M (at least the smallest tile), so
+    small M gets 64-row pingpong tiles instead of half-empty 128-row ones; then the widest tile. Kernels
+    without tile facts rank by name only."""
+    facts = kernel.get("facts", {})
+    tile_m = facts.get("tile_m")
+    if tile_m is None:
+        return (0, 0, kernel["name"])
+    fits = tile_m <= max(problem.rows, 64)
+    return (0 if fits else 1, -tile_m if fits else tile_m, -facts.get("tile_n", 0), kernel["name"])
 
-    Only one kernel per (op, arch, dtypes) exists so far, so ranking is trivial: the first by name.
+
+def select(problem: Problem, manifest: dict) -> str:
+    """Filter the manifest by operation, arch, dtypes and spec values, then by each kernel's rules, and
+    take the best by _rank.
+
     A problem no declared kernel covers is a BuildError (declare it in a spec); a declared kernel whose
     rules the problem breaks is a ValueError naming the rule.
     """
@@ -50,7 +63,7 @@ def select(problem: Problem, manifest: dict) -> str:
         raise BuildError(f"no kernel in generated/manifest.json implements {problem.describe()}: declare it in a "
                          f"spec under codegen/specs/ and run `python build.py` (backend='reference' runs anywhere)")
     reasons = []
-    for kernel in candidates:
+    for kernel in sorted(candidates, key=lambda k: _rank(k, problem)):
         violations = _rule_violations(kernel, problem)
         if not violations:
             if os.environ.get("FP4GEN_PRINT_CONFIGS") == "1":

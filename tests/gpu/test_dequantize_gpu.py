@@ -109,9 +109,3 @@ def test_two_streams_at_once():
     torch.cuda.synchronize()
     for op, out in zip(ops, outs):
         assert_same(out, fp4gen.dequantize(op, torch.float32, backend="reference"))
-
-
-def test_gemm_on_cuda_raises_until_its_kernels_exist():
-    q = fp4gen.quantize(torch.randn(32, 64, device="cuda"), backend="reference")
-    with pytest.raises(fp4gen.BuildError, match="gemm on compute capability"):
-        fp4gen.gemm(q.rowwise, q.rowwise)

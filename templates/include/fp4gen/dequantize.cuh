@@ -1,4 +1,5 @@
 // NVFP4 dequantization (spec/nvfp4-numerics.md 2.4): out = OutT(fl(e2m1 * fl(fl(sdec * amax) * fl(1/2688)))).
+// With a null amax it writes the block-scaled values e2m1 * sdec (the GEMM's operands) instead.
 //
 // Each thread decodes the elements of one 16-byte output vector (8 for 16-bit outputs, 4 for fp32), so
 // consecutive threads write consecutive 16-byte vectors: fully coalesced stores, which dominate the
@@ -69,14 +70,15 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_
       if (row < rows) {
         codes[r] = *reinterpret_cast<const CodeWord<OutT>*>(data + row * data_row_stride + col / 2);
         sdec[r] = e4m3_to_float(scale[row * scale_row_stride + col / 16]);
-        row_amax[r] = amax[row * amax_stride];
+        row_amax[r] = amax != nullptr ? amax[row * amax_stride] : 1.0f;
       }
     }
 #pragma unroll
     for (int r = 0; r < kRowsPerIter; ++r) {
       const int64_t row = first + r * row_step;
       if (row >= rows) break;
-      const float factor = __fmul_rn(__fmul_rn(sdec[r], row_amax[r]), kInvGlobalEncodeNumerator);
+      // without an amax (GEMM operands) the factor is the block scale alone: e2m1 * sdec is exact in bf16
+    const float factor = amax == nullptr ? sdec[r] : __fmul_rn(__fmul_rn(sdec[r], row_amax[r]), kInvGlobalEncodeNumerator);
       float v[kElems];
 #pragma unroll
       for (int i = 0; i < kElems; ++i)  // element 2j is the low nibble of byte j

@@ -1,0 +1,41 @@
+"""fp4gen.gemm on the current GPU against the baselines of design.md section 6.
+
+For each (M, N, K): fp4gen.gemm (the whole call: operand dequantization to block-scaled bf16 scratch plus
+the GEMM with the bilateral epilogue), cuBLAS bf16 (`a @ b.T` on bf16 operands of the same shapes), and
+a `torch.compile`d reference dequantize-then-matmul; TFLOP/s counts 2*M*N*K.
+"""
+import torch
+
+import fp4gen
+from fp4gen import reference
+from timing import graph_median_ms, median_ms
+
+SHAPES = [(8192, 8192, 8192), (16384, 4096, 4096), (4096, 4096, 4096), (128, 8192, 8192), (16, 8192, 8192)]
+
+
+def emulation(a, b):
+    return reference.dequantize(a, torch.bfloat16) @ reference.dequantize(b, torch.bfloat16).t()
+
+
+def main():
+    torch.manual_seed(0)
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(f"{'M x N x K':>18} {'fp4gen us':>9} {'graph us':>8} {'TFLOP/s':>7} {'cuBLAS us':>9} {'vs cuBLAS':>9} "
+          f"{'emul. us':>9} {'vs emul.':>8}")
+    compiled = torch.compile(emulation, dynamic=False)
+    for m, n, k in SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        a = fp4gen.quantize(x, scaling="row", columnwise=False).rowwise
+        b = fp4gen.quantize(w, scaling="tensor", block=(16, 16), columnwise=False).rowwise
+        ms = median_ms(lambda: fp4gen.gemm(a, b))
+        graph_ms = graph_median_ms(lambda: fp4gen.gemm(a, b))
+        cublas_ms = median_ms(lambda: x @ w.t())
+        emul_ms = median_ms(lambda: compiled(a, b))
+        tflops = 2 * m * n * k / ms / 1e9
+        print(f"{m:>6}x{n}x{k:<5} {ms * 1e3:>9.1f} {graph_ms * 1e3:>8.1f} {tflops:>7.0f} {cublas_ms * 1e3:>9.1f} "
+              f"{cublas_ms / ms:>9.2f} {emul_ms * 1e3:>9.1f} {emul_ms / ms:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()

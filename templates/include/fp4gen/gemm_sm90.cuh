@@ -1,0 +1,144 @@
+// Hopper NVFP4 GEMM, first version (design.md section 4): both operands arrive dequantized to their
+// block-scaled values (E2M1 * E4M3, exact in bf16, without the second-level amax), a CUTLASS SM90 bf16
+// TMA warp-specialized GEMM accumulates in fp32, and an epilogue visitor tree applies the bilateral scale
+//     D[i, j] = beta * C[i, j] + alpha * (row_amax[i or 0] * (col_amax[j or 0] * acc[i, j]))
+// with alpha = fl(1 / 2688^2) supplied by the caller. Each amax side is a vector or a broadcast scalar,
+// chosen at run time (the broadcast nodes' `bool` stride), and beta = 0 skips reading C.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include "fp4gen/abi.h"
+
+namespace fp4gen {
+
+template <class ElementD_, int kTileM, int kTileN, int kTileK, int kClusterM, bool kPingpong>
+struct Sm90BilateralGemm {
+  using ElementAB = cutlass::bfloat16_t;
+  using ElementD = ElementD_;
+  using ElementC = ElementD_;
+  using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>;
+  using KernelSchedule = std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                            cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using EpilogueSchedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
+                                              cutlass::epilogue::TmaWarpSpecializedCooperative>;
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  static constexpr int kAlignAB = 16 / sizeof(ElementAB), kAlignCD = 16 / sizeof(ElementD);
+
+  // Naming trap (spec/cutlass-notes.md 1): Sm90ColBroadcast broadcasts a column vector (length M), i.e.
+  // the per-ROW scale; Sm90RowBroadcast broadcasts a row vector (length N), the per-COLUMN scale.
+  using RowAmax = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float,
+                                                              cute::Stride<bool, cute::_0, int64_t>>;
+  using ColAmax = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float,
+                                                              cute::Stride<cute::_0, bool, int64_t>>;
+  using Scalar = cutlass::epilogue::fusion::Sm90ScalarBroadcast<float>;
+  using Multiply = cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>;
+  using ColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, ColAmax, cutlass::epilogue::fusion::Sm90AccFetch>;
+  using RowColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, RowAmax, ColScaled>;
+  using Scaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, Scalar, RowColScaled>;
+  using Epilogue = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementD, float, kRound>, Scalar,
+      cutlass::epilogue::fusion::Sm90SrcFetch<ElementC>, Scaled>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor, kAlignCD,
+      ElementD, cutlass::layout::RowMajor, kAlignCD, EpilogueSchedule, Epilogue>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, kAlignAB, ElementAB,
+      cutlass::layout::ColumnMajor, kAlignAB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  // A [M, K] and B [N, K] K-major (row strides lda, ldb); C, D [M, N] row-major (ldc, ldd).
+  static typename Gemm::Arguments arguments(const void* a, const void* b, const void* c, void* d,
+                                            const float* row_amax, const float* col_amax, float alpha, float beta,
+                                            int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+                                            int64_t ldd, int64_t row_is_vector, int64_t col_is_vector) {
+    using StrideA = typename Gemm::GemmKernel::StrideA;
+    using StrideB = typename Gemm::GemmKernel::StrideB;
+    using StrideC = typename Gemm::GemmKernel::StrideC;
+    using StrideD = typename Gemm::GemmKernel::StrideD;
+    StrideA stride_a{lda, cute::_1{}, int64_t(0)};
+    StrideB stride_b{ldb, cute::_1{}, int64_t(0)};
+    StrideC stride_c{ldc, cute::_1{}, int64_t(0)};
+    StrideD stride_d{ldd, cute::_1{}, int64_t(0)};
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1},
+        {static_cast<const ElementAB*>(a), stride_a, static_cast<const ElementAB*>(b), stride_b},
+        {{}, static_cast<const ElementC*>(c), stride_c, static_cast<ElementD*>(d), stride_d}};
+    args.epilogue.thread = {
+        {{beta}},  // beta
+        {},        // C
+        {
+            {{alpha}},  // alpha
+            {
+                {row_amax, 1.0f, {row_is_vector != 0, cute::_0{}, int64_t(0)}},  // row amax [M] or [1]
+                {
+                    {col_amax, 1.0f, {cute::_0{}, col_is_vector != 0, int64_t(0)}},  // column amax [N] or [1]
+                    {},                                                           // acc
+                    {}},
+                {}},
+            {}},
+        {}};
+    return args;
+  }
+};
+
+template <class G>
+int gemm_can_implement(const void* a, const void* b, const void* c, void* d, const float* row_amax,
+                       const float* col_amax, float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t lda,
+                       int64_t ldb, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector,
+                       void* workspace) {
+  (void)workspace;
+  if (m < 0 || n < 0 || k <= 0 || k % 16 != 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
+    return kInvalidProblem;
+  if (row_amax == nullptr || col_amax == nullptr) return kInvalidProblem;
+  for (const void* p : {a, b, c, static_cast<const void*>(d)})
+    if (!aligned(p, 16)) return kMisaligned;
+  for (int64_t ld : {lda, ldb}) if (ld % G::kAlignAB != 0) return kMisaligned;
+  for (int64_t ld : {ldc, ldd}) if (ld % G::kAlignCD != 0) return kMisaligned;
+  auto args = G::arguments(a, b, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, ldb, ldc, ldd, row_is_vector,
+                           col_is_vector);
+  return G::Gemm::can_implement(args) == cutlass::Status::kSuccess ? kOk : kInvalidProblem;
+}
+
+template <class G>
+size_t gemm_workspace_size(const void* a, const void* b, const void* c, void* d, const float* row_amax,
+                           const float* col_amax, float alpha, float beta, int64_t m, int64_t n, int64_t k,
+                           int64_t lda, int64_t ldb, int64_t ldc, int64_t ldd, int64_t row_is_vector,
+                           int64_t col_is_vector, void* workspace) {
+  (void)workspace;
+  return G::Gemm::get_workspace_size(G::arguments(a, b, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, ldb,
+                                                  ldc, ldd, row_is_vector, col_is_vector));
+}
+
+template <class G>
+int gemm_run(const void* a, const void* b, const void* c, void* d, const float* row_amax, const float* col_amax,
+             float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+             int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace, cudaStream_t stream) {
+  const int status = gemm_can_implement<G>(a, b, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, ldb, ldc, ldd,
+                                           row_is_vector, col_is_vector, workspace);
+  if (status != kOk) return status;
+  if (m == 0 || n == 0) return kOk;
+  typename G::Gemm gemm;
+  auto args = G::arguments(a, b, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, ldb, ldc, ldd, row_is_vector,
+                           col_is_vector);
+  if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return kInvalidProblem;
+  if (gemm.run(stream) != cutlass::Status::kSuccess) return launch_status() ? launch_status() : kInvalidProblem;
+  return launch_status();
+}
+
+}  // namespace fp4gen

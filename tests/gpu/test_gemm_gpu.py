@@ -1,0 +1,124 @@
+"""fp4gen.gemm on the H200 against a float64 product of the dequantized operands."""
+import pytest
+import torch
+
+import fp4gen
+
+pytestmark = pytest.mark.gpu
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def dequantize_f64(op):
+    """Independent float64 decode of an operand: e2m1 * scale * amax / 2688."""
+    lut = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64, device=op.device)
+    codes = torch.stack((op.data & 0xF, op.data >> 4), -1).reshape(op.shape[0], -1).long()
+    vals = lut[codes].reshape(op.shape[0], -1, 16) * op.scale.double().unsqueeze(-1)
+    return vals.reshape(op.shape) * op.amax.double().reshape(-1, 1) / 2688.0
+
+
+def rel_err(d, ref):
+    return ((d.double() - ref).norm() / ref.norm()).item()
+
+
+def operand(rows, k, row_scaled, seed, direction="rowwise"):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, k, device="cuda", generator=g) * torch.rand(rows, 1, device="cuda", generator=g) * 10
+    if direction == "rowwise":
+        return fp4gen.quantize(x.bfloat16(), scaling="row" if row_scaled else "tensor", columnwise=False).rowwise
+    # the columnwise copy of x.T [k, rows] is an operand with `rows` rows too
+    return fp4gen.quantize(x.t().contiguous().bfloat16(), scaling="row" if row_scaled else "tensor",
+                           rowwise=False).columnwise
+
+
+SCALES = [(True, True), (True, False), (False, True), (False, False)]
+
+
+@pytest.mark.parametrize("a_row,b_row", SCALES)
+@pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("m,n,k", [(1, 256, 128), (16, 1000, 512), (100, 264, 64), (128, 512, 256),
+                                   (1000, 1000, 1024), (4100, 3000, 2048), (333, 17, 48)])
+def test_gemm_matches_float64(a_row, b_row, out_dtype, tol, m, n, k):
+    a, b = operand(m, k, a_row, m + k), operand(n, k, b_row, n + 7)
+    d = fp4gen.gemm(a, b, out_dtype=out_dtype)
+    assert d.shape == (m, n) and d.dtype == out_dtype
+    assert rel_err(d, dequantize_f64(a) @ dequantize_f64(b).t()) < tol
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_gemm_accumulate_into_out(out_dtype):
+    a, b = operand(256, 512, True, 1), operand(384, 512, False, 2)
+    base = torch.randn(256, 384, device="cuda").to(out_dtype)
+    out = base.clone()
+    assert fp4gen.gemm(a, b, out=out, accumulate=True) is out
+    ref = dequantize_f64(a) @ dequantize_f64(b).t() + base.double()
+    assert rel_err(out, ref) < (1e-2 if out_dtype == torch.bfloat16 else 1e-5)
+
+
+def test_gemm_into_unaligned_out_and_tail_n():
+    a, b = operand(64, 128, True, 3), operand(37, 128, True, 4)
+    out = torch.full((64, 37), float("nan"), device="cuda")  # row stride 37: not 16-byte aligned
+    fp4gen.gemm(a, b, out=out)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, dequantize_f64(a) @ dequantize_f64(b).t()) < 1e-5
+
+
+def test_training_gemms_from_both_quantize_directions():
+    # design.md section 2: fprop X W^T, dgrad dY W, wgrad dY^T X with real quantize outputs
+    torch.manual_seed(0)
+    m, k, n = 512, 384, 256  # tokens, in features, out features
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    qx = fp4gen.quantize(x, scaling="row")
+    qw = fp4gen.quantize(w, scaling="tensor", block=(16, 16))
+    qdy = fp4gen.quantize(dy, scaling="tensor")
+    for a, b in ((qx.rowwise, qw.rowwise), (qdy.rowwise, qw.columnwise), (qdy.columnwise, qx.columnwise)):
+        d = fp4gen.gemm(a, b, out_dtype=torch.float32)
+        assert rel_err(d, dequantize_f64(a) @ dequantize_f64(b).t()) < 1e-5
+    wgrad = fp4gen.gemm(qdy.columnwise, qx.columnwise, out_dtype=torch.float32)
+    assert wgrad.shape == (n, k)
+    exact = dy.double().t() @ x.double()
+    assert rel_err(wgrad, exact) < 0.2  # NVFP4 noise on both operands, but the right product
+
+
+def test_gemm_equals_reference_backend_closely():
+    a, b = operand(200, 256, True, 5), operand(300, 256, True, 6)
+    d = fp4gen.gemm(a, b, out_dtype=torch.float32)
+    ref = fp4gen.gemm(a, b, out_dtype=torch.float32, backend="reference")
+    assert rel_err(d, ref.double()) < 1e-6
+
+
+def test_gemm_nan_row_stays_nan():
+    x = torch.randn(64, 128, device="cuda")
+    x[5, 3] = float("nan")
+    a = fp4gen.quantize(x, scaling="row", columnwise=False).rowwise
+    b = operand(64, 128, False, 7)
+    d = fp4gen.gemm(a, b, out_dtype=torch.float32)
+    assert torch.isnan(d[5]).all() and not torch.isnan(d[torch.arange(64, device="cuda") != 5]).any()
+
+
+def test_gemm_cuda_graph_and_two_streams():
+    a, b = operand(256, 512, True, 8), operand(512, 512, False, 9)
+    static_a = fp4gen.NVFP4Data(a.data.clone(), a.scale.clone(), a.amax.clone())
+    fp4gen.gemm(static_a, b)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        d = fp4gen.gemm(static_a, b, out_dtype=torch.float32)
+    torch.cuda.current_stream().wait_stream(stream)
+    new = operand(256, 512, True, 10)
+    static_a.data.copy_(new.data), static_a.scale.copy_(new.scale), static_a.amax.copy_(new.amax)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(d, dequantize_f64(new) @ dequantize_f64(b).t()) < 1e-5
+    pairs = [(operand(512, 1024, True, s), operand(768, 1024, True, s + 1)) for s in (11, 13)]
+    streams = [torch.cuda.Stream() for _ in pairs]
+    torch.cuda.synchronize()
+    outs = []
+    for (a_, b_), st in zip(pairs, streams):
+        with torch.cuda.stream(st):
+            outs.append(fp4gen.gemm(a_, b_, out_dtype=torch.float32))
+    torch.cuda.synchronize()
+    for (a_, b_), o in zip(pairs, outs):
+        assert rel_err(o, dequantize_f64(a_) @ dequantize_f64(b_).t()) < 1e-5
