@@ -57,12 +57,13 @@ def _launch(kernel, device: torch.device, *args) -> None:
             kernel.run(*args, stream=stream)
 
 
-def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True) -> torch.Tensor:
+def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, out=None) -> torch.Tensor:
     """out = e2m1 * block scale * amax / 2688; with_amax=False leaves out the second-level factor (the
-    block-scaled values a GEMM multiplies, exact in bf16)."""
+    block-scaled values a GEMM multiplies, exact in bf16). `out` may be a row-strided view to write into."""
     rows, cols = operand.shape
     device = operand.device
-    out = torch.empty(rows, cols, dtype=dtype, device=device)
+    if out is None:
+        out = torch.empty(rows, cols, dtype=dtype, device=device)
     data, scale = operand.data, operand.scale.view(torch.uint8)
     amax = operand.amax.contiguous()
     problem = _problem("dequantize", device, {"out_dtype": dtype}, cols,
@@ -139,27 +140,37 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
     device = a.device
     if m == 0 or n == 0:
         return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=device)
-    a16 = dequantize(a, torch.bfloat16, with_amax=False)
-    b16 = dequantize(b, torch.bfloat16, with_amax=False)
-    # TMA stores need 16-byte aligned rows: write into a padded buffer unless `out` already qualifies
+    # The TMA epilogue needs N to be a multiple of 16 bytes of output: otherwise the GEMM runs on N rounded
+    # up, over zero rows of B (and a padded column amax), into a padded D whose first n columns are kept.
     align = 16 // torch.empty(0, dtype=out_dtype).element_size()
-    if out is not None and out.stride(1) == 1 and out.stride(0) % align == 0 and out.data_ptr() % 16 == 0:
+    n_run = -(-n // align) * align
+    a16 = dequantize(a, torch.bfloat16, with_amax=False)
+    if n_run == n:
+        b16, col_amax = dequantize(b, torch.bfloat16, with_amax=False), b.amax.contiguous()
+    else:
+        b16 = torch.zeros(n_run, k, dtype=torch.bfloat16, device=device)
+        dequantize(b, torch.bfloat16, with_amax=False, out=b16[:n])
+        col_amax = b.amax.contiguous()
+        if b.row_scaled:
+            col_amax = torch.cat([col_amax, col_amax.new_ones(n_run - n)])
+    if (n_run == n and out is not None and out.stride(1) == 1 and out.stride(0) % align == 0
+            and out.data_ptr() % 16 == 0):
         d = out
     else:
-        d = torch.empty(m, -(-n // align) * align, dtype=out_dtype, device=device)[:, :n]
+        d = torch.empty(m, n_run, dtype=out_dtype, device=device)
         if accumulate:
-            d.copy_(out)
+            d[:, :n].copy_(out)
     problem = _problem("gemm", device, {"out_dtype": out_dtype}, k,
                        {"a": _row_start_bits(a16), "b": _row_start_bits(b16), "d": _row_start_bits(d)}, rows=m)
     kernel = _kernel_for(problem)
-    row_amax, col_amax = a.amax.contiguous(), b.amax.contiguous()
+    row_amax = a.amax.contiguous()
     args = (a16.data_ptr(), b16.data_ptr(), d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(),
-            GEMM_ALPHA, 1.0 if accumulate else 0.0, m, n, k, a16.stride(0), b16.stride(0), d.stride(0), d.stride(0),
-            int(a.row_scaled), int(b.row_scaled))
+            GEMM_ALPHA, 1.0 if accumulate else 0.0, m, n_run, k, a16.stride(0), b16.stride(0), d.stride(0),
+            d.stride(0), int(a.row_scaled), int(b.row_scaled))
     workspace = torch.empty(max(kernel.workspace_size(*args, None), 1), dtype=torch.uint8, device=device)
     _launch(kernel, device, *args, workspace.data_ptr())
     if out is None:
-        return d
+        return d if n_run == n else d[:, :n]
     if d is not out:
-        out.copy_(d)
+        out.copy_(d[:, :n])
     return out
