@@ -1,0 +1,39 @@
+"""Kernels on a non-current device: every launch takes its device from the tensors, not from device 0.
+Runs where at least two CUDA devices are present (skipped otherwise)."""
+import pytest
+import torch
+
+import fp4gen
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]
+
+
+def same_operand(p, q):
+    return (torch.equal(p.data.cpu(), q.data.cpu()) and torch.equal(p.scale.view(torch.uint8).cpu(),
+                                                                     q.scale.view(torch.uint8).cpu())
+            and torch.equal(p.amax.cpu(), q.amax.cpu()))
+
+
+@pytest.mark.parametrize("current,target", [(0, 1), (1, 0)])
+@pytest.mark.parametrize("scaling,block", [("row", (1, 16)), ("tensor", (1, 16)), ("tensor", (16, 16))])
+def test_quantize_dequantize_gemm_on_the_other_device(current, target, scaling, block):
+    torch.manual_seed(0)
+    x_cpu = torch.randn(1040, 528).bfloat16()
+    w_cpu = torch.randn(272, 528).bfloat16()
+    results = {}
+    for dev in (current, target):
+        with torch.cuda.device(current):  # the current device stays `current` while tensors live on `dev`
+            x, w = x_cpu.to(f"cuda:{dev}"), w_cpu.to(f"cuda:{dev}")
+            q = fp4gen.quantize(x, scaling=scaling, block=block)
+            qw = fp4gen.quantize(w, scaling="tensor", block=(16, 16))
+            y = fp4gen.dequantize(q.rowwise, torch.float32)
+            d = fp4gen.gemm(q.rowwise, qw.rowwise, out_dtype=torch.float32)
+            assert torch.cuda.current_device() == current
+            assert q.rowwise.data.device == y.device == d.device == torch.device(f"cuda:{dev}")
+            torch.cuda.synchronize(dev)
+            results[dev] = (q, y, d)
+    (q0, y0, d0), (q1, y1, d1) = results[current], results[target]
+    assert same_operand(q0.rowwise, q1.rowwise) and same_operand(q0.columnwise, q1.columnwise)
+    assert torch.equal(y0.cpu(), y1.cpu())
+    assert torch.equal(d0.cpu(), d1.cpu())
