@@ -28,15 +28,35 @@ class Family:
     description: str
     template: str  # file under templates/
     name_prefix: str  # first token of every kernel name of the family
-    axes: dict  # axis -> {allowed value: name token}, in name-token order
+    axes: dict  # axis -> {allowed value: name token} (or a TileTokens), in name-token order
     params: tuple  # C ABI parameters of <name>_can_implement / _workspace_size / _run (run adds the stream)
     constraints: dict  # problem rules the dispatcher checks and reports, e.g. {"cols_multiple_of": 16}
     alignment: dict  # pointer argument -> required byte alignment
-    excluded: tuple = ()  # axis combinations no spec may declare: ((partial assignment, reason), ...)
+    # combinations no kernel can be built for: ((predicate(values, facts) -> True to drop, reason), ...);
+    # expansion drops them, and a spec left with none is a SpecError giving the reasons
+    excluded: tuple = ()
 
 
 def _tokens(table: dict, fmt: str = "{}") -> dict:
     return {key: fmt.format(key) for key in table}
+
+
+class TileTokens:
+    """Name tokens of a rule-checked tile axis: "t" + the tile, for every tile the table accepts."""
+
+    def __init__(self, table):
+        self.table = table
+        self.RULE = table.RULE
+
+    def __contains__(self, value):
+        return value in self.table
+
+    def __getitem__(self, value):
+        self.table[value]  # KeyError for a tile the rule refuses
+        return f"t{value}"
+
+    def __iter__(self):
+        return iter(self.table)
 
 
 FAMILIES = {
@@ -110,8 +130,9 @@ FAMILIES = {
         # rows_multiple_of applies to the columnwise copy and to 16x16 blocks (see the kernel's can_implement)
         constraints={"cols_multiple_of": 16},
         alignment={"x": 16},
-        excluded=(({"scaling": "row", "block": "16x16"},
-                   "16x16 blocks share one scale across 16 rows, so they cannot take a per-row amax"),),
+        excluded=((lambda values, facts: values["scaling"] == "row" and values["block"] == "16x16",
+                   "row scaling with 16x16 blocks: a 16x16 block shares one scale across 16 rows, so it cannot "
+                   "take a per-row amax"),),
     ),
     "gemm_sm90": Family(
         name="gemm_sm90",
@@ -121,7 +142,8 @@ FAMILIES = {
         name_prefix="gemm_nvfp4",
         axes={
             "out_dtype": {"bf16": "bf16out", "fp32": "fp32out"},
-            "tile": {"128x256x64": "t128x256x64_coop", "64x128x64": "t64x128x64_pingpong"},
+            "tile": TileTokens(tables.GEMM_TILES),
+            "schedule": {"cooperative": "coop", "pingpong": "pingpong"},
             "arch": {"sm90a": "sm90a"},
         },
         params=(
@@ -146,6 +168,43 @@ FAMILIES = {
         ),
         # K is a multiple of 16 (NVFP4 blocks); TMA needs 16-byte aligned pointers and row strides
         constraints={"cols_multiple_of": 16},
+        alignment={"a": 16, "b": 16, "c": 16, "d": 16},
+        excluded=((lambda values, facts: values["schedule"] == "cooperative" and facts["tile_m"] < 128,
+                   "a cooperative schedule splits the tile's M across two warp groups: tile M must be >= 128"),),
+    ),
+    "gemm_sm100": Family(
+        name="gemm_sm100",
+        op="gemm",
+        description="Blackwell D = A @ B.T with native block-scaled NVFP4 MMA and the bilateral amax epilogue",
+        template="gemm_sm100.cu.j2",
+        name_prefix="gemm_nvfp4",
+        axes={
+            "out_dtype": {"bf16": "bf16out", "fp32": "fp32out"},
+            "mma_tile": TileTokens(tables.SM100_MMA_TILES),
+            "arch": {"sm100a": "sm100a"},
+        },
+        params=(
+            Param("a", "const void*"),  # [M, K/2] packed E2M1, contiguous rows
+            Param("b", "const void*"),  # [N, K/2] packed E2M1, contiguous rows
+            Param("sfa", "const void*"),  # a's E4M3 scales, 128x4 swizzled (fp4gen.swizzle)
+            Param("sfb", "const void*"),  # b's E4M3 scales, 128x4 swizzled
+            Param("c", "const void*"),
+            Param("d", "void*"),
+            Param("row_amax", "const float*"),
+            Param("col_amax", "const float*"),
+            Param("alpha", "float"),
+            Param("beta", "float"),
+            Param("m", "int64_t"),
+            Param("n", "int64_t"),
+            Param("k", "int64_t"),
+            Param("ldc", "int64_t"),
+            Param("ldd", "int64_t"),
+            Param("row_is_vector", "int64_t"),
+            Param("col_is_vector", "int64_t"),
+            Param("workspace", "void*"),
+        ),
+        # TMA reads 16-byte rows of packed codes: K a multiple of 32 elements
+        constraints={"cols_multiple_of": 32},
         alignment={"a": 16, "b": 16, "c": 16, "d": 16},
     ),
 }

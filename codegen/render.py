@@ -67,18 +67,10 @@ def _context(name: str, variant) -> dict:
         if axis.endswith("dtype"):
             context[axis.replace("dtype", "ctype")] = row["cpp"]
             context[axis.replace("dtype", "cutlass_type")] = row["cutlass"]
-    for fact, value in _facts(values).items():
+    for fact, value in tables.variant_facts(values).items():
         context[fact] = ("true" if value else "false") if isinstance(value, bool) else value
     return context
 
-
-def _facts(values: dict) -> dict:
-    """The boolean and integer facts of the table rows a variant's axis values select."""
-    facts = {}
-    for axis, value in values.items():
-        if not axis.endswith("dtype"):
-            facts.update({k: v for k, v in tables.AXIS_TABLES[axis][value].items() if isinstance(v, (bool, int))})
-    return facts
 
 
 def _manifest_entry(name: str, variant, source: str) -> dict:
@@ -91,7 +83,7 @@ def _manifest_entry(name: str, variant, source: str) -> dict:
         "arch": values["arch"],
         "compute_capability": tables.ARCHS[values["arch"]]["compute_capability"],
         "values": values,
-        "facts": _facts(values),
+        "facts": tables.variant_facts(values),
         "torch_dtypes": {axis: tables.DTYPES[v]["torch"] for axis, v in values.items() if axis.endswith("dtype")},
         "spec": spec.file,
         "spec_sha256": spec.sha256,

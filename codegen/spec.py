@@ -23,6 +23,7 @@ import yaml
 
 from .errors import SpecError
 from .families import FAMILIES, Family
+from .tables import variant_facts
 
 TOP_LEVEL_KEYS = ("family", "description", "axes", "exclude")
 REQUIRED_KEYS = ("family", "axes")
@@ -76,7 +77,8 @@ def _check_family(file, node) -> Family:
 def _check_axis_value(file, key_path, family: Family, axis: str, value):
     allowed = family.axes[axis]
     if not isinstance(value, str) or value not in allowed:
-        raise SpecError(file, key_path, f"{value!r} is not an allowed {axis}; allowed: {_allowed(allowed)}")
+        rule = getattr(allowed, "RULE", None) or _allowed(allowed)  # a rule-checked axis states its rule
+        raise SpecError(file, key_path, f"{value!r} is not an allowed {axis}; allowed: {rule}")
 
 
 def _check_axes(file, family: Family, node) -> tuple:
@@ -127,9 +129,9 @@ def load_spec(path: Path, shown_as: str | None = None) -> KernelSpec:
     exclude = _check_exclude(file, family, node.get("exclude", []))
     spec = KernelSpec(file, hashlib.sha256(raw).hexdigest(), family, description, axes, exclude)
     if not expand(spec):
-        family_rules = "; ".join(f"{rule} is not allowed: {why}" for rule, why in family.excluded)
+        family_rules = "; ".join(why for _, why in family.excluded)
         raise SpecError(file, "axes", "every combination of axes is excluded, so the spec declares no kernel"
-                        + (f" ({family_rules})" if family_rules else ""))
+                        + (f" (not buildable: {family_rules})" if family_rules else ""))
     return spec
 
 
@@ -137,11 +139,13 @@ def expand(spec: KernelSpec) -> list:
     """All variants of a spec: the product of its axes, in order, minus the assignments the spec excludes
     and those its family can never build (family.excluded, e.g. row scaling with 16x16 blocks)."""
     names = [axis for axis, _ in spec.axes]
-    rules = list(spec.exclude) + [tuple(sorted(rule.items())) for rule, _ in spec.family.excluded]
     variants = []
     for combo in itertools.product(*(values for _, values in spec.axes)):
         values = tuple(zip(names, combo))
-        if any(set(rule) <= set(values) for rule in rules):
+        if any(set(rule) <= set(values) for rule in spec.exclude):
+            continue
+        named = dict(values)
+        if any(drop(named, variant_facts(named)) for drop, _ in spec.family.excluded):
             continue
         variants.append(Variant(spec, values))
     return variants

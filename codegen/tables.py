@@ -31,12 +31,46 @@ SCALINGS = {"row": {"row_scaled": True}, "tensor": {"row_scaled": False}}
 # Scale block shape: 1x16 (activations, gradients) or 16x16 tiles (weights).
 BLOCKS = {"1x16": {"block_2d": False}, "16x16": {"block_2d": True}}
 
-# Hopper GEMM tile configurations (CTA tile M x N x K, cluster, schedule). Cooperative 128x256 tiles serve
-# large problems; 64-row pingpong tiles serve small M (spec/cutlass-notes.md sections 0-1).
-GEMM_TILES = {
-    "128x256x64": {"tile_m": 128, "tile_n": 256, "tile_k": 64, "cluster_m": 1, "pingpong": False},
-    "64x128x64": {"tile_m": 64, "tile_n": 128, "tile_k": 64, "cluster_m": 1, "pingpong": True},
-}
+class GemmTiles:
+    """GEMM tiles `MxNxK`, accepted by rule rather than from a list, so a new tile is a YAML edit."""
+
+    def __init__(self, m_values: tuple, n_step: int, n_max: int, k_values: tuple, examples: tuple):
+        self.m_values, self.n_step, self.n_max, self.k_values = m_values, n_step, n_max, k_values
+        self.EXAMPLES = examples
+        self.RULE = (f"MxNxK with M in {', '.join(map(str, m_values))}, N a multiple of {n_step} from {n_step} "
+                     f"to {n_max}, and K in {', '.join(map(str, k_values))}")
+
+    def parse(self, value):
+        parts = value.split("x") if isinstance(value, str) else []
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            return None
+        m, n, k = map(int, parts)
+        ok = m in self.m_values and n % self.n_step == 0 and self.n_step <= n <= self.n_max and k in self.k_values
+        return (m, n, k) if ok else None
+
+    def __contains__(self, value):
+        return self.parse(value) is not None
+
+    def __getitem__(self, value):
+        shape = self.parse(value)
+        if shape is None:
+            raise KeyError(value)
+        return {"tile_m": shape[0], "tile_n": shape[1], "tile_k": shape[2]}
+
+    def __iter__(self):
+        return iter(self.EXAMPLES)
+
+
+# Hopper CTA tiles of bf16 wgmma: cooperative 128x256 tiles suit large problems and 64-row pingpong tiles
+# small M (spec/cutlass-notes.md sections 0-1); the schedule is its own axis.
+GEMM_TILES = GemmTiles((64, 128, 256), 16, 256, (64, 128), ("128x256x64", "64x128x64", "128x128x64"))
+
+# Blackwell 1-SM MMA tiles of the block-scaled NVFP4 MMA (K = 256 elements: four 64-element scale atoms).
+SM100_MMA_TILES = GemmTiles((128,), 64, 256, (256,), ("128x128x256", "128x256x256"))
+
+# Hopper GEMM kernel schedules: two consumer warp groups sharing a tile (cooperative, needs tile M >= 128)
+# or alternating between tiles (pingpong).
+GEMM_SCHEDULES = {"cooperative": {"pingpong": False}, "pingpong": {"pingpong": True}}
 
 # C parameter type -> how the runtime passes it through ctypes (manifest "params" entries carry these kinds)
 C_PARAM_KINDS = {
@@ -61,4 +95,15 @@ AXIS_TABLES = {
     "scaling": SCALINGS,
     "block": BLOCKS,
     "tile": GEMM_TILES,
+    "mma_tile": SM100_MMA_TILES,
+    "schedule": GEMM_SCHEDULES,
 }
+
+
+def variant_facts(values: dict) -> dict:
+    """The boolean and integer facts of the table rows a variant's axis values select."""
+    facts = {}
+    for axis, value in values.items():
+        if not axis.endswith("dtype"):
+            facts.update({k: v for k, v in AXIS_TABLES[axis][value].items() if isinstance(v, (bool, int))})
+    return facts

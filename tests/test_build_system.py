@@ -1,4 +1,5 @@
 """build.py's compiler side without compiling: ninja text, cache keys, missing-tool messages."""
+import ctypes
 import os
 import shutil
 import sys
@@ -79,3 +80,18 @@ def test_bad_cuda_home_is_a_clear_message(tmp_path):
 def test_missing_cutlass_headers_is_a_clear_message(tmp_path):
     result = _run_build(copy_project(tmp_path), {"FP4GEN_CUTLASS_DIR": str(tmp_path / "nowhere")})
     assert result.returncode == 2 and "FP4GEN_CUTLASS_DIR" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc and the CUTLASS headers to compile")
+def test_a_gemm_variant_from_a_temporary_spec_compiles(tmp_path):
+    # The whole path a user takes to add a tile: a YAML file, then build.py. No Python or template edit.
+    project = copy_project(tmp_path / "project")
+    (project / "codegen/specs/gemm_extra.yaml").write_text(
+        "family: gemm_sm90\naxes: {out_dtype: [bf16], tile: [128x128x64], schedule: [cooperative], arch: [sm90a]}\n")
+    env = dict(os.environ, FP4GEN_CACHE_DIR=str(tmp_path / "cache"), FP4GEN_LIB_DIR=str(tmp_path / "lib"))
+    result = run_build_py(project, "--filter", "t128x128x64", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "gemm_nvfp4_bf16out_t128x128x64_coop_sm90a" in result.stdout and "built" in result.stdout
+    library = ctypes.CDLL(str(tmp_path / "lib" / "gemm_nvfp4_bf16out_t128x128x64_coop_sm90a.so"))
+    assert library.fp4gen_abi_version() == 1
+    assert hasattr(library, "gemm_nvfp4_bf16out_t128x128x64_coop_sm90a_run")

@@ -21,7 +21,7 @@ SPEC_ERRORS = [
     (GOOD + "tiles: [128]\n", "tiles", ["unknown key 'tiles'", "allowed keys: family, description, axes, exclude"]),
     ("axes:\n  out_dtype: [bf16]\n  arch: [sm90a]\n", "family", ["required key 'family' is missing"]),
     ("family: dequantise\naxes: {out_dtype: [bf16], arch: [sm90a]}\n", "family",
-     ["'dequantise' is not a kernel family", "allowed: amax, dequantize, gemm_sm90, quantize"]),
+     ["'dequantise' is not a kernel family", "allowed: amax, dequantize, gemm_sm100, gemm_sm90, quantize"]),
     ("family: dequantize\naxes: {out_dtype: [bf16], arch: [sm90a], tile: [1]}\n", "axes.tile", ["unknown key 'tile'"]),
     ("family: dequantize\naxes: {out_dtype: [bf16]}\n", "axes.arch", ["required key 'arch' is missing"]),
     ("family: dequantize\naxes: {out_dtype: [], arch: [sm90a]}\n", "axes.out_dtype", ["non-empty list"]),
@@ -33,9 +33,13 @@ SPEC_ERRORS = [
     ("family: dequantize\naxes: {out_dtype: [bf16, bf16], arch: [sm90a]}\n", "axes.out_dtype", ["bf16 more than once"]),
     (GOOD + "exclude:\n  - {arch: sm90a}\n", "axes", ["every combination of axes is excluded"]),
     ("family: quantize\naxes: {in_dtype: [bf16], direction: [both], scaling: [row], block: [16x16], arch: [sm90a]}\n",
-     "axes", ["every combination", "16x16 blocks share one scale across 16 rows"]),
+     "axes", ["every combination", "shares one scale across 16 rows"]),
     (GOOD + "exclude:\n  - {arch: sm75}\n", "exclude[0].arch", ["'sm75' is not an allowed arch"]),
     (GOOD + "description: 3\n", "description", ["must be a string"]),
+    ("family: gemm_sm90\naxes: {out_dtype: [bf16], tile: [100x128x64], schedule: [pingpong], arch: [sm90a]}\n",
+     "axes.tile[0]", ["'100x128x64' is not an allowed tile", "M in 64, 128, 256"]),
+    ("family: gemm_sm90\naxes: {out_dtype: [bf16], tile: [64x128x64], schedule: [cooperative], arch: [sm90a]}\n",
+     "axes", ["every combination", "tile M must be >= 128"]),
 ]
 
 
@@ -50,6 +54,14 @@ def test_spec_errors_name_file_key_value_and_rule(tmp_path, text, key_path, frag
     assert str(err).startswith("codegen/specs/bad.yaml")
     for fragment in fragments:
         assert fragment in str(err), f"{fragment!r} missing from: {err}"
+
+
+def test_a_new_gemm_tile_is_a_yaml_edit(tmp_path):
+    path = tmp_path / "tiles.yaml"
+    path.write_text("family: gemm_sm90\naxes: {out_dtype: [bf16], tile: [128x128x64, 256x128x64],"
+                    " schedule: [cooperative], arch: [sm90a]}\n")
+    names = [kernel_name(v) for v in expand(load_spec(path))]
+    assert names == ["gemm_nvfp4_bf16out_t128x128x64_coop_sm90a", "gemm_nvfp4_bf16out_t256x128x64_coop_sm90a"]
 
 
 def test_two_specs_declaring_one_kernel_is_an_error(tmp_path):

@@ -29,8 +29,8 @@ def test_select_matches_op_arch_and_dtype():
 def test_select_without_a_declared_kernel_is_a_build_error():
     with pytest.raises(fp4gen.BuildError, match=r"dequantize on compute capability 8\.0.*codegen/specs.*build\.py"):
         select(_problem(compute_capability=(8, 0)), MANIFEST)
-    with pytest.raises(fp4gen.BuildError, match=r"gemm on compute capability 10\.0"):
-        select(_problem(op="gemm", compute_capability=(10, 0)), MANIFEST)  # no Blackwell GEMM declared yet
+    with pytest.raises(fp4gen.BuildError, match=r"gemm on compute capability 8\.0"):
+        select(_problem(op="gemm", compute_capability=(8, 0)), MANIFEST)  # no Ampere GEMM declared
 
 
 def test_select_reports_the_rule_a_problem_breaks():
@@ -77,8 +77,9 @@ def test_corrupt_library_is_a_build_error_not_a_crash(monkeypatch, tmp_path):
 BUILT = (lib_dir() / "index.json").exists()
 
 
-def _kernels(op):
-    return sorted(name for name, k in MANIFEST["kernels"].items() if k["op"] == op)
+def _kernels(op, family=None):
+    return sorted(name for name, k in MANIFEST["kernels"].items()
+                  if k["op"] == op and (family is None or k["family"] == family))
 
 
 needs_build = pytest.mark.skipif(not BUILT, reason="run `python build.py` first: checks the libraries it publishes")
@@ -136,8 +137,28 @@ def test_gemm_tile_choice_follows_m():
     assert chosen(128).endswith("t128x256x64_coop_sm90a") and chosen(8192).endswith("t128x256x64_coop_sm90a")
 
 
+def test_blackwell_gemm_is_chosen_on_compute_capability_10():
+    name = select(_problem(op="gemm", compute_capability=(10, 0), rows=4096, cols=256, pointers={}), MANIFEST)
+    assert MANIFEST["kernels"][name]["family"] == "gemm_sm100"
+    with pytest.raises(ValueError, match="multiple of 32, got 48"):  # packed rows must be 16-byte TMA rows
+        select(_problem(op="gemm", compute_capability=(10, 0), rows=64, cols=48, pointers={}), MANIFEST)
+
+
 @needs_build
-@pytest.mark.parametrize("name", _kernels("gemm"))
+@pytest.mark.parametrize("name", _kernels("gemm", "gemm_sm100"))
+def test_built_blackwell_gemm_library_checks_problems(name):
+    kernel = library.load_kernel(name)
+    m, n, k = 256, 256, 512
+    ok = (0x10000, 0x20000, 0x28000, 0x2c000, 0x30000, 0x30000, 0x40000, 0x50000, 1.0, 0.0, m, n, k, n, n, 1, 0,
+          None)
+    assert kernel.can_implement(*ok) == 0
+    assert kernel.can_implement(*ok[:5], 0x30008, *ok[6:]) == 2  # d not 16-byte aligned
+    assert kernel.can_implement(*ok[:12], 48, *ok[13:]) == 1  # K not a multiple of 32
+    assert kernel.can_implement(*ok[:2], None, *ok[3:]) == 1  # no scales
+
+
+@needs_build
+@pytest.mark.parametrize("name", _kernels("gemm", "gemm_sm90"))
 def test_built_gemm_library_checks_problems(name):
     kernel = library.load_kernel(name)
     m, n, k = 128, 256, 64

@@ -25,6 +25,7 @@ class Kernel:
 
     def __init__(self, entry: dict, headers_sha256: str):
         self.name = entry["name"]
+        self.family = entry["family"]
         path = lib_dir() / f"{self.name}.so"
         if not path.exists():
             raise BuildError(f"kernel {self.name} is declared in generated/manifest.json but not built "

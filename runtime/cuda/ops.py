@@ -7,6 +7,7 @@ import functools
 import torch
 
 from ..formats import NVFP4Data
+from ..swizzle import swizzle_scales
 from .library import load_kernel
 from .manifest import load_manifest
 from .select import Problem, select
@@ -133,26 +134,54 @@ def _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor
 GEMM_ALPHA = 1.0 / (2688.0 * 2688.0)
 
 
+def _bf16_operands(a: NVFP4Data, b: NVFP4Data, n_run: int) -> tuple:
+    """Hopper: both operands' block-scaled values (E2M1 x E4M3, exact in bf16) in scratch; B gets zero
+    rows up to n_run. Returns (tensors to keep alive, the pointer arguments, the row-stride arguments)."""
+    a16 = dequantize(a, torch.bfloat16, with_amax=False)
+    if n_run == b.shape[0]:
+        b16 = dequantize(b, torch.bfloat16, with_amax=False)
+    else:
+        b16 = torch.zeros(n_run, b.shape[1], dtype=torch.bfloat16, device=b.device)
+        dequantize(b, torch.bfloat16, with_amax=False, out=b16[: b.shape[0]])
+    return (a16, b16), (a16.data_ptr(), b16.data_ptr()), (a16.stride(0), b16.stride(0))
+
+
+def _blockscaled_operands(a: NVFP4Data, b: NVFP4Data, n_run: int) -> tuple:
+    """Blackwell: the packed codes as they are and the scales in the 128x4 swizzled layout; B gets zero
+    rows (codes and scales) up to n_run. Returns (tensors to keep alive, the pointer arguments a, b, sfa,
+    sfb, no row-stride arguments). Never run: no Blackwell GPU was available."""
+    for name, op in (("a", a), ("b", b)):
+        if op.data.stride(0) != op.data.shape[1] or op.data.data_ptr() % 16:
+            raise ValueError(f"{name}.data must be contiguous and 16-byte aligned for the Blackwell GEMM, got "
+                             f"strides {tuple(op.data.stride())} at address {op.data.data_ptr():#x}")
+    b_data, b_scale = b.data, b.scale.view(torch.uint8)
+    if n_run != b.shape[0]:
+        b_data = torch.cat([b_data, b_data.new_zeros(n_run - b.shape[0], b_data.shape[1])])
+        b_scale = torch.cat([b_scale, b_scale.new_zeros(n_run - b.shape[0], b_scale.shape[1])])
+    sfa, sfb = swizzle_scales(a.scale), swizzle_scales(b_scale)
+    return (b_data, sfa, sfb), (a.data.data_ptr(), b_data.data_ptr(), sfa.data_ptr(), sfb.data_ptr()), ()
+
+
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool):
-    """Hopper first version: both operands to block-scaled bf16 scratch (exact), then a CUTLASS GEMM
-    whose epilogue applies alpha * row_amax[i] * col_amax[j] and, when accumulating, adds C = out."""
+    """D = A @ B.T with the epilogue alpha * row_amax[i] * col_amax[j] (+ C = out when accumulating).
+
+    The operands go in as the kernel family needs them: block-scaled bf16 scratch for the Hopper GEMM,
+    packed codes with swizzled scales for the Blackwell one."""
     (m, k), n = a.shape, b.shape[0]
     device = a.device
     if m == 0 or n == 0:
         return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=device)
+    kernel = _kernel_for(_problem("gemm", device, {"out_dtype": out_dtype}, k, rows=m))
     # The TMA epilogue needs N to be a multiple of 16 bytes of output: otherwise the GEMM runs on N rounded
     # up, over zero rows of B (and a padded column amax), into a padded D whose first n columns are kept.
     align = 16 // torch.empty(0, dtype=out_dtype).element_size()
     n_run = -(-n // align) * align
-    a16 = dequantize(a, torch.bfloat16, with_amax=False)
-    if n_run == n:
-        b16, col_amax = dequantize(b, torch.bfloat16, with_amax=False), b.amax.contiguous()
-    else:
-        b16 = torch.zeros(n_run, k, dtype=torch.bfloat16, device=device)
-        dequantize(b, torch.bfloat16, with_amax=False, out=b16[:n])
-        col_amax = b.amax.contiguous()
-        if b.row_scaled:
-            col_amax = torch.cat([col_amax, col_amax.new_ones(n_run - n)])
+    operands = _bf16_operands if kernel.family == "gemm_sm90" else _blockscaled_operands
+    # scratch must stay referenced until the launch is queued, or the allocator could hand its memory to d
+    scratch, operand_ptrs, operand_strides = operands(a, b, n_run)
+    col_amax = b.amax.contiguous()
+    if b.row_scaled and n_run != n:
+        col_amax = torch.cat([col_amax, col_amax.new_ones(n_run - n)])
     if (n_run == n and out is not None and out.stride(1) == 1 and out.stride(0) % align == 0
             and out.data_ptr() % 16 == 0):
         d = out
@@ -160,13 +189,10 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
         d = torch.empty(m, n_run, dtype=out_dtype, device=device)
         if accumulate:
             d[:, :n].copy_(out)
-    problem = _problem("gemm", device, {"out_dtype": out_dtype}, k,
-                       {"a": _row_start_bits(a16), "b": _row_start_bits(b16), "d": _row_start_bits(d)}, rows=m)
-    kernel = _kernel_for(problem)
     row_amax = a.amax.contiguous()
-    args = (a16.data_ptr(), b16.data_ptr(), d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(),
-            GEMM_ALPHA, 1.0 if accumulate else 0.0, m, n_run, k, a16.stride(0), b16.stride(0), d.stride(0),
-            d.stride(0), int(a.row_scaled), int(b.row_scaled))
+    args = (*operand_ptrs, d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(), GEMM_ALPHA,
+            1.0 if accumulate else 0.0, m, n_run, k, *operand_strides, d.stride(0), d.stride(0), int(a.row_scaled),
+            int(b.row_scaled))
     workspace = torch.empty(max(kernel.workspace_size(*args, None), 1), dtype=torch.uint8, device=device)
     _launch(kernel, device, *args, workspace.data_ptr())
     if out is None:

@@ -36,7 +36,7 @@ SCALES = [(True, True), (True, False), (False, True), (False, False)]
 @pytest.mark.parametrize("a_row,b_row", SCALES)
 @pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("m,n,k", [(1, 256, 128), (16, 1000, 512), (100, 264, 64), (128, 512, 256),
-                                   (1000, 1000, 1024), (4100, 3000, 2048), (333, 17, 48)])
+                                   (1000, 1000, 1024), (4100, 3000, 2048), (333, 17, 48), (16384, 512, 256)])
 def test_gemm_matches_float64(a_row, b_row, out_dtype, tol, m, n, k):
     a, b = operand(m, k, a_row, m + k), operand(n, k, b_row, n + 7)
     d = fp4gen.gemm(a, b, out_dtype=out_dtype)

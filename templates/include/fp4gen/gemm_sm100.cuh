@@ -1,0 +1,136 @@
+// Blackwell NVFP4 GEMM (design.md section 4): native block-scaled MMA (tcgen05 kind::mxf4nvf4) on the
+// packed E2M1 operands and their E4M3 block scales in the 128x4 swizzled layout (fp4gen.swizzle), with
+// the same bilateral epilogue as Hopper:
+//     D[i, j] = beta * C[i, j] + alpha * (row_amax[i or 0] * (col_amax[j or 0] * acc[i, j]))
+// Compiled for sm_100a only; no Blackwell GPU was available, so this has never been run.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/detail/sm100_blockscaled_layout.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include "fp4gen/abi.h"
+
+namespace fp4gen {
+
+template <class ElementD_, int kTileM, int kTileN, int kTileK>
+struct Sm100BilateralGemm {
+  using ElementAB = cutlass::nv_float4_t<cutlass::float_e2m1_t>;
+  using ElementD = ElementD_;
+  using ElementC = ElementD_;
+  using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;  // one SM's MMA tile
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  static constexpr int kAlignAB = 32, kAlignCD = 16 / sizeof(ElementD);  // 32 E2M1 = 16 bytes
+
+  // The Hopper epilogue nodes serve Blackwell too (spec/cutlass-notes.md 3); ColBroadcast is per ROW.
+  using RowAmax = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float,
+                                                              cute::Stride<bool, cute::_0, int64_t>>;
+  using ColAmax = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float,
+                                                              cute::Stride<cute::_0, bool, int64_t>>;
+  using Scalar = cutlass::epilogue::fusion::Sm90ScalarBroadcast<float>;
+  using Multiply = cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>;
+  using ColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, ColAmax, cutlass::epilogue::fusion::Sm90AccFetch>;
+  using RowColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, RowAmax, ColScaled>;
+  using Scaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, Scalar, RowColScaled>;
+  using Epilogue = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementD, float, kRound>, Scalar,
+      cutlass::epilogue::fusion::Sm90SrcFetch<ElementC>, Scaled>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor, kAlignCD,
+      ElementD, cutlass::layout::RowMajor, kAlignCD, cutlass::epilogue::TmaWarpSpecialized1Sm, Epilogue>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, ElementAB, cutlass::layout::RowMajor, kAlignAB,
+      ElementAB, cutlass::layout::ColumnMajor, kAlignAB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecialized1SmNvf4Sm100>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using Config = typename CollectiveMainloop::Sm1xxBlkScaledConfig;
+
+  // A [M, K] and B [N, K]: packed E2M1 rows of K/2 bytes (contiguous); sfa, sfb: swizzled scales.
+  static typename Gemm::Arguments arguments(const void* a, const void* b, const void* sfa, const void* sfb,
+                                            const void* c, void* d, const float* row_amax, const float* col_amax,
+                                            float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t ldc,
+                                            int64_t ldd, int64_t row_is_vector, int64_t col_is_vector) {
+    using Args = typename Gemm::Arguments;
+    using PtrA = decltype(Args{}.mainloop.ptr_A);
+    using PtrB = decltype(Args{}.mainloop.ptr_B);
+    using PtrSF = decltype(Args{}.mainloop.ptr_SFA);
+    const auto shape = cute::make_shape(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1);
+    typename Gemm::GemmKernel::StrideA stride_a{k, cute::_1{}, int64_t(0)};  // packed rows: K elements
+    typename Gemm::GemmKernel::StrideB stride_b{k, cute::_1{}, int64_t(0)};
+    typename Gemm::GemmKernel::StrideC stride_c{ldc, cute::_1{}, int64_t(0)};
+    typename Gemm::GemmKernel::StrideD stride_d{ldd, cute::_1{}, int64_t(0)};
+    Args args{cutlass::gemm::GemmUniversalMode::kGemm,
+              {static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1},
+              {static_cast<PtrA>(a), stride_a, static_cast<PtrB>(b), stride_b, static_cast<PtrSF>(sfa),
+               Config::tile_atom_to_shape_SFA(shape), static_cast<PtrSF>(sfb), Config::tile_atom_to_shape_SFB(shape)},
+              {{}, static_cast<const ElementC*>(c), stride_c, static_cast<ElementD*>(d), stride_d}};
+    args.epilogue.thread = {
+        {{beta}},
+        {},
+        {{{alpha}},
+         {{row_amax, 1.0f, {row_is_vector != 0, cute::_0{}, int64_t(0)}},
+          {{col_amax, 1.0f, {cute::_0{}, col_is_vector != 0, int64_t(0)}}, {}, {}},
+          {}},
+         {}},
+        {}};
+    return args;
+  }
+};
+
+template <class G>
+int gemm_blockscaled_can_implement(const void* a, const void* b, const void* sfa, const void* sfb, const void* c,
+                                   void* d, const float* row_amax, const float* col_amax, float alpha, float beta,
+                                   int64_t m, int64_t n, int64_t k, int64_t ldc, int64_t ldd, int64_t row_is_vector,
+                                   int64_t col_is_vector, void* workspace) {
+  (void)workspace;
+  if (m < 0 || n < 0 || k <= 0 || k % G::kAlignAB != 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
+    return kInvalidProblem;
+  if (row_amax == nullptr || col_amax == nullptr || sfa == nullptr || sfb == nullptr) return kInvalidProblem;
+  for (const void* p : {a, b, c, static_cast<const void*>(d)})
+    if (!aligned(p, 16)) return kMisaligned;
+  for (int64_t ld : {ldc, ldd}) if (ld % G::kAlignCD != 0) return kMisaligned;
+  auto args = G::arguments(a, b, sfa, sfb, c, d, row_amax, col_amax, alpha, beta, m, n, k, ldc, ldd, row_is_vector,
+                           col_is_vector);
+  return G::Gemm::can_implement(args) == cutlass::Status::kSuccess ? kOk : kInvalidProblem;
+}
+
+template <class G>
+size_t gemm_blockscaled_workspace_size(const void* a, const void* b, const void* sfa, const void* sfb, const void* c,
+                                       void* d, const float* row_amax, const float* col_amax, float alpha, float beta,
+                                       int64_t m, int64_t n, int64_t k, int64_t ldc, int64_t ldd,
+                                       int64_t row_is_vector, int64_t col_is_vector, void* workspace) {
+  (void)workspace;
+  return G::Gemm::get_workspace_size(G::arguments(a, b, sfa, sfb, c, d, row_amax, col_amax, alpha, beta, m, n, k,
+                                                  ldc, ldd, row_is_vector, col_is_vector));
+}
+
+template <class G>
+int gemm_blockscaled_run(const void* a, const void* b, const void* sfa, const void* sfb, const void* c, void* d,
+                         const float* row_amax, const float* col_amax, float alpha, float beta, int64_t m, int64_t n,
+                         int64_t k, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector,
+                         void* workspace, cudaStream_t stream) {
+  const int status = gemm_blockscaled_can_implement<G>(a, b, sfa, sfb, c, d, row_amax, col_amax, alpha, beta, m, n,
+                                                       k, ldc, ldd, row_is_vector, col_is_vector, workspace);
+  if (status != kOk) return status;
+  if (m == 0 || n == 0) return kOk;
+  typename G::Gemm gemm;
+  auto args = G::arguments(a, b, sfa, sfb, c, d, row_amax, col_amax, alpha, beta, m, n, k, ldc, ldd, row_is_vector,
+                           col_is_vector);
+  if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return kInvalidProblem;
+  if (gemm.run(stream) != cutlass::Status::kSuccess) return launch_status() ? launch_status() : kInvalidProblem;
+  return launch_status();
+}
+
+}  // namespace fp4gen
