@@ -33,9 +33,10 @@ _PLANS = {}  # problem signature -> loaded kernel: the hot path is one dict look
 
 def _kernel_for(problem: Problem):
     """select() + load_kernel(), memoised on everything that decides the choice: the operation, arch,
-    dtypes and spec values, and the rules' inputs (cols modulo 16, addresses modulo 16)."""
+    dtypes and spec values, and the rules' inputs (cols modulo 256, which covers every `cols_multiple_of`;
+    rows up to 256 for the GEMM tile choice; addresses modulo 16)."""
     key = (problem.op, problem.compute_capability, tuple(sorted(problem.dtypes.items())),
-           tuple(sorted(problem.values.items())), problem.cols % 16, min(problem.rows, 256),
+           tuple(sorted(problem.values.items())), problem.cols % 256, min(problem.rows, 256),
            tuple(sorted((arg, address % 16) for arg, address in problem.pointers.items())))
     kernel = _PLANS.get(key)
     if kernel is None:
@@ -68,7 +69,7 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, o
     data, scale = operand.data, operand.scale.view(torch.uint8)
     amax = operand.amax.contiguous()
     problem = _problem("dequantize", device, {"out_dtype": dtype}, cols,
-                       {"data": _row_start_bits(data), "out": out.data_ptr()})
+                       {"data": _row_start_bits(data), "out": _row_start_bits(out)})
     kernel = _kernel_for(problem)
     _launch(kernel, device, data.data_ptr(), scale.data_ptr(), amax.data_ptr() if with_amax else None,
             out.data_ptr(), rows, cols, data.stride(0), scale.stride(0), 1 if operand.row_scaled else 0,

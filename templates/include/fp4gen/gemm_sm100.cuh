@@ -1,7 +1,6 @@
 // Blackwell NVFP4 GEMM (design.md section 4): native block-scaled MMA (tcgen05 kind::mxf4nvf4) on the
 // packed E2M1 operands and their E4M3 block scales in the 128x4 swizzled layout (fp4gen.swizzle), with
-// the same bilateral epilogue as Hopper:
-//     D[i, j] = beta * C[i, j] + alpha * (row_amax[i or 0] * (col_amax[j or 0] * acc[i, j]))
+// the same bilateral epilogue as Hopper (bilateral_epilogue.hpp).
 // Compiled for sm_100a only; no Blackwell GPU was available, so this has never been run.
 #pragma once
 
@@ -9,12 +8,12 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/detail/sm100_blockscaled_layout.hpp>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include "fp4gen/abi.h"
+#include "fp4gen/bilateral_epilogue.hpp"
 
 namespace fp4gen {
 
@@ -25,27 +24,15 @@ struct Sm100BilateralGemm {
   using ElementC = ElementD_;
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;  // one SM's MMA tile
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
   static constexpr int kAlignAB = 32, kAlignCD = 16 / sizeof(ElementD);  // 32 E2M1 = 16 bytes
 
-  // The Hopper epilogue nodes serve Blackwell too (spec/cutlass-notes.md 3); ColBroadcast is per ROW.
-  using RowAmax = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float,
-                                                              cute::Stride<bool, cute::_0, int64_t>>;
-  using ColAmax = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float,
-                                                              cute::Stride<cute::_0, bool, int64_t>>;
-  using Scalar = cutlass::epilogue::fusion::Sm90ScalarBroadcast<float>;
-  using Multiply = cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>;
-  using ColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, ColAmax, cutlass::epilogue::fusion::Sm90AccFetch>;
-  using RowColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, RowAmax, ColScaled>;
-  using Scaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, Scalar, RowColScaled>;
-  using Epilogue = cutlass::epilogue::fusion::Sm90EVT<
-      cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementD, float, kRound>, Scalar,
-      cutlass::epilogue::fusion::Sm90SrcFetch<ElementC>, Scaled>;
+  using Epilogue = BilateralEpilogue<TileShape, ElementD>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor, kAlignCD,
-      ElementD, cutlass::layout::RowMajor, kAlignCD, cutlass::epilogue::TmaWarpSpecialized1Sm, Epilogue>::CollectiveOp;
+      ElementD, cutlass::layout::RowMajor, kAlignCD, cutlass::epilogue::TmaWarpSpecialized1Sm,
+      typename Epilogue::Tree>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, ElementAB, cutlass::layout::RowMajor, kAlignAB,
       ElementAB, cutlass::layout::ColumnMajor, kAlignAB, float, TileShape, ClusterShape,
@@ -76,15 +63,7 @@ struct Sm100BilateralGemm {
               {static_cast<PtrA>(a), stride_a, static_cast<PtrB>(b), stride_b, static_cast<PtrSF>(sfa),
                Config::tile_atom_to_shape_SFA(shape), static_cast<PtrSF>(sfb), Config::tile_atom_to_shape_SFB(shape)},
               {{}, static_cast<const ElementC*>(c), stride_c, static_cast<ElementD*>(d), stride_d}};
-    args.epilogue.thread = {
-        {{beta}},
-        {},
-        {{{alpha}},
-         {{row_amax, 1.0f, {row_is_vector != 0, cute::_0{}, int64_t(0)}},
-          {{col_amax, 1.0f, {cute::_0{}, col_is_vector != 0, int64_t(0)}}, {}, {}},
-          {}},
-         {}},
-        {}};
+    Epilogue::set_arguments(args.epilogue.thread, row_amax, col_amax, alpha, beta, row_is_vector, col_is_vector);
     return args;
   }
 };

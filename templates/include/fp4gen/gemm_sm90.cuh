@@ -1,56 +1,40 @@
 // Hopper NVFP4 GEMM, first version (design.md section 4): both operands arrive dequantized to their
 // block-scaled values (E2M1 * E4M3, exact in bf16, without the second-level amax), a CUTLASS SM90 bf16
-// TMA warp-specialized GEMM accumulates in fp32, and an epilogue visitor tree applies the bilateral scale
-//     D[i, j] = beta * C[i, j] + alpha * (row_amax[i or 0] * (col_amax[j or 0] * acc[i, j]))
-// with alpha = fl(1 / 2688^2) supplied by the caller. Each amax side is a vector or a broadcast scalar,
-// chosen at run time (the broadcast nodes' `bool` stride), and beta = 0 skips reading C.
+// TMA warp-specialized GEMM accumulates in fp32, and the bilateral epilogue (bilateral_epilogue.hpp)
+// applies alpha * row_amax[i] * col_amax[j], alpha = fl(1 / 2688^2) from the caller, plus beta * C.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include "fp4gen/abi.h"
+#include "fp4gen/bilateral_epilogue.hpp"
 
 namespace fp4gen {
 
-template <class ElementD_, int kTileM, int kTileN, int kTileK, int kClusterM, bool kPingpong>
+template <class ElementD_, int kTileM, int kTileN, int kTileK, bool kPingpong>
 struct Sm90BilateralGemm {
   using ElementAB = cutlass::bfloat16_t;
   using ElementD = ElementD_;
   using ElementC = ElementD_;
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
-  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using KernelSchedule = std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                             cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using EpilogueSchedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
                                               cutlass::epilogue::TmaWarpSpecializedCooperative>;
-  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
   static constexpr int kAlignAB = 16 / sizeof(ElementAB), kAlignCD = 16 / sizeof(ElementD);
 
-  // Naming trap (spec/cutlass-notes.md 1): Sm90ColBroadcast broadcasts a column vector (length M), i.e.
-  // the per-ROW scale; Sm90RowBroadcast broadcasts a row vector (length N), the per-COLUMN scale.
-  using RowAmax = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float,
-                                                              cute::Stride<bool, cute::_0, int64_t>>;
-  using ColAmax = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float,
-                                                              cute::Stride<cute::_0, bool, int64_t>>;
-  using Scalar = cutlass::epilogue::fusion::Sm90ScalarBroadcast<float>;
-  using Multiply = cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>;
-  using ColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, ColAmax, cutlass::epilogue::fusion::Sm90AccFetch>;
-  using RowColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, RowAmax, ColScaled>;
-  using Scaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, Scalar, RowColScaled>;
-  using Epilogue = cutlass::epilogue::fusion::Sm90EVT<
-      cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementD, float, kRound>, Scalar,
-      cutlass::epilogue::fusion::Sm90SrcFetch<ElementC>, Scaled>;
+  using Epilogue = BilateralEpilogue<TileShape, ElementD>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor, kAlignCD,
-      ElementD, cutlass::layout::RowMajor, kAlignCD, EpilogueSchedule, Epilogue>::CollectiveOp;
+      ElementD, cutlass::layout::RowMajor, kAlignCD, EpilogueSchedule, typename Epilogue::Tree>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, kAlignAB, ElementAB,
       cutlass::layout::ColumnMajor, kAlignAB, float, TileShape, ClusterShape,
@@ -79,20 +63,7 @@ struct Sm90BilateralGemm {
         {static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1},
         {static_cast<const ElementAB*>(a), stride_a, static_cast<const ElementAB*>(b), stride_b},
         {{}, static_cast<const ElementC*>(c), stride_c, static_cast<ElementD*>(d), stride_d}};
-    args.epilogue.thread = {
-        {{beta}},  // beta
-        {},        // C
-        {
-            {{alpha}},  // alpha
-            {
-                {row_amax, 1.0f, {row_is_vector != 0, cute::_0{}, int64_t(0)}},  // row amax [M] or [1]
-                {
-                    {col_amax, 1.0f, {cute::_0{}, col_is_vector != 0, int64_t(0)}},  // column amax [N] or [1]
-                    {},                                                           // acc
-                    {}},
-                {}},
-            {}},
-        {}};
+    Epilogue::set_arguments(args.epilogue.thread, row_amax, col_amax, alpha, beta, row_is_vector, col_is_vector);
     return args;
   }
 };

@@ -1,0 +1,52 @@
+// The epilogue visitor tree both GEMM families share (Hopper's nodes serve Blackwell too,
+// spec/cutlass-notes.md 1 and 3):
+//     D[i, j] = beta * C[i, j] + alpha * (row_amax[i or 0] * (col_amax[j or 0] * acc[i, j]))
+// Each amax side is a vector or a broadcast scalar, chosen at run time through the broadcast nodes'
+// `bool` stride; beta = 0 skips reading C.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+
+namespace fp4gen {
+
+template <class TileShape, class ElementD>
+struct BilateralEpilogue {
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  // Naming trap: Sm90ColBroadcast broadcasts a column vector (length M), i.e. the per-ROW scale;
+  // Sm90RowBroadcast broadcasts a row vector (length N), the per-COLUMN scale.
+  using RowAmax = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float,
+                                                              cute::Stride<bool, cute::_0, int64_t>>;
+  using ColAmax = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float,
+                                                              cute::Stride<cute::_0, bool, int64_t>>;
+  using Scalar = cutlass::epilogue::fusion::Sm90ScalarBroadcast<float>;
+  using Multiply = cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>;
+  using ColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, ColAmax, cutlass::epilogue::fusion::Sm90AccFetch>;
+  using RowColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, RowAmax, ColScaled>;
+  using Scaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, Scalar, RowColScaled>;
+  using Tree = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ElementD, float, kRound>, Scalar,
+      cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>, Scaled>;
+
+  // The tree's arguments nest like the tree: {child arguments..., node arguments}.
+  template <class ThreadArgs>
+  static void set_arguments(ThreadArgs& thread, const float* row_amax, const float* col_amax, float alpha,
+                            float beta, int64_t row_is_vector, int64_t col_is_vector) {
+    thread = {
+        {{beta}},  // beta
+        {},        // C
+        {
+            {{alpha}},  // alpha
+            {
+                {row_amax, 1.0f, {row_is_vector != 0, cute::_0{}, int64_t(0)}},  // row amax [M] or [1]
+                {
+                    {col_amax, 1.0f, {cute::_0{}, col_is_vector != 0, int64_t(0)}},  // column amax [N] or [1]
+                    {},                                                           // acc
+                    {}},
+                {}},
+            {}},
+        {}};
+  }
+};
+
+}  // namespace fp4gen
