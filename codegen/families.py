@@ -59,6 +59,26 @@ class TileTokens:
         return iter(self.table)
 
 
+# The parameters both GEMM families share, around their operand parameters.
+_GEMM_EPILOGUE_PARAMS = (
+    Param("c", "const void*"),  # [M, N] like D; read only when beta != 0
+    Param("d", "void*"),  # [M, N], row stride ldd
+    Param("row_amax", "const float*"),  # [M] or [1]: a's amax
+    Param("col_amax", "const float*"),  # [N] or [1]: b's amax
+    Param("alpha", "float"),  # fl(1 / 2688^2)
+    Param("beta", "float"),  # 0, or 1 to accumulate into C
+    Param("m", "int64_t"),
+    Param("n", "int64_t"),
+    Param("k", "int64_t"),
+)
+_GEMM_OUTPUT_PARAMS = (
+    Param("ldc", "int64_t"),
+    Param("ldd", "int64_t"),
+    Param("row_is_vector", "int64_t"),  # 1: row_amax has M entries; 0: broadcast row_amax[0]
+    Param("col_is_vector", "int64_t"),
+    Param("workspace", "void*"),  # workspace_size() bytes from the caller's allocator
+)
+
 FAMILIES = {
     "dequantize": Family(
         name="dequantize",
@@ -149,22 +169,10 @@ FAMILIES = {
         params=(
             Param("a", "const void*"),  # [M, K] bf16 block-scaled values, row stride lda
             Param("b", "const void*"),  # [N, K] bf16 block-scaled values, row stride ldb
-            Param("c", "const void*"),  # [M, N] like D; read only when beta != 0
-            Param("d", "void*"),  # [M, N], row stride ldd
-            Param("row_amax", "const float*"),  # [M] or [1]: a's amax
-            Param("col_amax", "const float*"),  # [N] or [1]: b's amax
-            Param("alpha", "float"),  # fl(1 / 2688^2)
-            Param("beta", "float"),  # 0, or 1 to accumulate into C
-            Param("m", "int64_t"),
-            Param("n", "int64_t"),
-            Param("k", "int64_t"),
+            *_GEMM_EPILOGUE_PARAMS,
             Param("lda", "int64_t"),  # elements
             Param("ldb", "int64_t"),
-            Param("ldc", "int64_t"),
-            Param("ldd", "int64_t"),
-            Param("row_is_vector", "int64_t"),  # 1: row_amax has M entries; 0: broadcast row_amax[0]
-            Param("col_is_vector", "int64_t"),
-            Param("workspace", "void*"),  # workspace_size() bytes from the caller's allocator
+            *_GEMM_OUTPUT_PARAMS,
         ),
         # K is a multiple of 16 (NVFP4 blocks); TMA needs 16-byte aligned pointers and row strides
         constraints={"cols_multiple_of": 16},
@@ -188,20 +196,8 @@ FAMILIES = {
             Param("b", "const void*"),  # [N, K/2] packed E2M1, contiguous rows
             Param("sfa", "const void*"),  # a's E4M3 scales, 128x4 swizzled (fp4gen.swizzle)
             Param("sfb", "const void*"),  # b's E4M3 scales, 128x4 swizzled
-            Param("c", "const void*"),
-            Param("d", "void*"),
-            Param("row_amax", "const float*"),
-            Param("col_amax", "const float*"),
-            Param("alpha", "float"),
-            Param("beta", "float"),
-            Param("m", "int64_t"),
-            Param("n", "int64_t"),
-            Param("k", "int64_t"),
-            Param("ldc", "int64_t"),
-            Param("ldd", "int64_t"),
-            Param("row_is_vector", "int64_t"),
-            Param("col_is_vector", "int64_t"),
-            Param("workspace", "void*"),
+            *_GEMM_EPILOGUE_PARAMS,
+            *_GEMM_OUTPUT_PARAMS,
         ),
         # TMA reads 16-byte rows of packed codes: K a multiple of 32 elements
         constraints={"cols_multiple_of": 32},
