@@ -1,0 +1,119 @@
+"""fp4gen.nn.Linear: a torch.nn.Linear whose fprop, dgrad and wgrad GEMMs run in NVFP4 (design.md section 2).
+
+    fprop  Y  = X Wᵀ   X rowwise (row-scaled)        x  W rowwise (per tensor)
+    dgrad  dX = dY W   dY rowwise (per tensor)       x  W columnwise
+    wgrad  dW = dYᵀ X  dY columnwise (per tensor)    x  X columnwise (per-column amax when row-scaled)
+
+Forward saves only NVFP4 copies for backward (X columnwise, W columnwise), never the high-precision X.
+The quantized weight is cached while the weight is unchanged (keyed on its version counter, which every
+in-place update such as an optimizer step increments).
+"""
+from __future__ import annotations
+
+import torch
+
+from .api import gemm, quantize
+from .formats import BLOCK, NVFP4Data
+from .recipe import Recipe
+
+GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
+
+
+def _pack(op: NVFP4Data) -> tuple:
+    return (op.data, op.scale, op.amax)
+
+
+class _NVFP4LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2d, weight, bias, qw_rowwise, qw_columnwise, recipe, main_grad, need_wgrad):
+        # X's columnwise copy (for wgrad) comes from the same quantize call as its rowwise copy
+        qx = quantize(x2d, scaling=recipe.activation_scaling, rowwise=True, columnwise=need_wgrad)
+        y = gemm(qx.rowwise, NVFP4Data(*qw_rowwise), out_dtype=GEMM_OUT[x2d.dtype])
+        if bias is not None:
+            y = y.float() + bias.float()  # bias in high precision
+        y = y.to(x2d.dtype)
+        saved_x = _pack(qx.columnwise) if qx.columnwise is not None else (None, None, None)
+        ctx.save_for_backward(*saved_x, *qw_columnwise)
+        ctx.has_bias, ctx.main_grad, ctx.x_dtype = bias is not None, main_grad, x2d.dtype
+        ctx.needs_x_grad = ctx.needs_input_grad[0]
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_data, x_scale, x_amax, w_data, w_scale, w_amax = ctx.saved_tensors
+        dy = dy.contiguous()
+        need_w = x_data is not None
+        if ctx.needs_x_grad or need_w:
+            qdy = quantize(dy, scaling="tensor", rowwise=ctx.needs_x_grad, columnwise=need_w)
+        dx = dw = db = None
+        if ctx.needs_x_grad:  # dgrad: dY [M, N] x (W columnwise = Wᵀ [K, N])
+            dx = gemm(qdy.rowwise, NVFP4Data(w_data, w_scale, w_amax), out_dtype=GEMM_OUT[ctx.x_dtype])
+            dx = dx.to(ctx.x_dtype)
+        if need_w:  # wgrad: (dY columnwise = dYᵀ [N, M]) x (X columnwise = Xᵀ [K, M])
+            qx_col = NVFP4Data(x_data, x_scale, x_amax)
+            if ctx.main_grad is not None:  # fp32 main-grad accumulation inside the GEMM epilogue
+                gemm(qdy.columnwise, qx_col, out=ctx.main_grad, accumulate=True)
+            else:  # the weight has the input's dtype (Linear.forward checks)
+                dw = gemm(qdy.columnwise, qx_col, out_dtype=torch.float32).to(ctx.x_dtype)
+        if ctx.has_bias:
+            db = dy.float().sum(0).to(ctx.x_dtype)
+        return dx, dw, db, None, None, None, None, None
+
+
+class Linear(torch.nn.Linear):
+    """Drop-in torch.nn.Linear (same parameters and state_dict) that trains with NVFP4 GEMMs.
+
+    in_features and out_features must be multiples of 16 (NVFP4 blocks along both weight dimensions);
+    in training, the number of tokens (the input flattened to [tokens, in_features]) must be a
+    multiple of 16 too, because wgrad contracts over tokens in 16-element blocks.
+
+    accumulate_main_grad=True adds the weight gradient into `weight.main_grad` (an fp32 tensor you
+    attach) inside the wgrad GEMM instead of producing `weight.grad`.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: Recipe | None = None,
+                 device=None, dtype=None, accumulate_main_grad: bool = False):
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if value % BLOCK:
+                raise ValueError(f"{name}={value}: fp4gen.nn.Linear needs a multiple of {BLOCK} (NVFP4 blocks "
+                                 f"run along both weight dimensions)")
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.recipe = recipe if recipe is not None else Recipe()
+        self.accumulate_main_grad = accumulate_main_grad
+        self._weight_cache = None  # (key, rowwise, columnwise)
+
+    def _quantized_weight(self):
+        w = self.weight
+        key = (w._version, w.data_ptr(), w.dtype, w.device, self.recipe.weight_block)
+        if self._weight_cache is None or self._weight_cache[0] != key:
+            with torch.no_grad():
+                q = quantize(w.detach(), scaling="tensor", block=self.recipe.weight_block)
+            self._weight_cache = (key, _pack(q.rowwise), _pack(q.columnwise))
+        return self._weight_cache[1], self._weight_cache[2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input has {x.shape[-1]} features in its last dimension; this layer takes "
+                             f"in_features={self.in_features}")
+        if x.dtype != self.weight.dtype:
+            raise TypeError(f"input dtype {x.dtype} differs from the layer's parameters ({self.weight.dtype})")
+        x2d = x.reshape(-1, self.in_features)
+        tokens = x2d.shape[0]
+        need_wgrad = torch.is_grad_enabled() and self.weight.requires_grad
+        if need_wgrad and tokens % BLOCK:
+            raise ValueError(f"the input flattens to {tokens} tokens; training needs a multiple of {BLOCK} "
+                             f"(wgrad contracts over tokens in NVFP4 blocks)")
+        main_grad = None
+        if self.accumulate_main_grad:
+            main_grad = getattr(self.weight, "main_grad", None)
+            if not isinstance(main_grad, torch.Tensor) or main_grad.dtype != torch.float32 \
+                    or main_grad.shape != self.weight.shape:
+                raise ValueError("accumulate_main_grad=True needs weight.main_grad: an fp32 tensor shaped like "
+                                 "the weight")
+        qw_row, qw_col = self._quantized_weight()
+        y = _NVFP4LinearFunction.apply(x2d, self.weight, self.bias, qw_row, qw_col, self.recipe, main_grad,
+                                       need_wgrad)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe}"

@@ -1,0 +1,147 @@
+"""fp4gen.nn.Linear on the reference backend (CPU) against an NVFP4 emulation in float64."""
+import pytest
+import torch
+
+import fp4gen
+from fp4gen.formats import NVFP4Data
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def deq64(op: NVFP4Data) -> torch.Tensor:
+    lut = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64)
+    codes = torch.stack((op.data & 0xF, op.data >> 4), -1).reshape(op.shape[0], -1).long()
+    vals = lut[codes].reshape(op.shape[0], -1, 16) * op.scale.double().unsqueeze(-1)
+    return vals.reshape(op.shape) * op.amax.double().reshape(-1, 1) / 2688.0
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def emulate(layer, x2d, dy2d):
+    """y, dX, dW, db of the NVFP4 recipe: the three GEMMs of design.md section 2 in float64."""
+    recipe = layer.recipe
+    qx = fp4gen.quantize(x2d, scaling=recipe.activation_scaling)
+    qw = fp4gen.quantize(layer.weight.detach(), scaling="tensor", block=recipe.weight_block)
+    qdy = fp4gen.quantize(dy2d, scaling="tensor")
+    y = deq64(qx.rowwise) @ deq64(qw.rowwise).t()
+    if layer.bias is not None:
+        y = y + layer.bias.double()
+    dx = deq64(qdy.rowwise) @ deq64(qw.columnwise).t()
+    dw = deq64(qdy.columnwise) @ deq64(qx.columnwise).t()
+    return y, dx, dw, dy2d.double().sum(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("row_scaled", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_forward_and_backward_match_the_emulation(dtype, row_scaled, bias):
+    torch.manual_seed(0)
+    layer = fp4gen.nn.Linear(128, 96, bias=bias, dtype=dtype,
+                             recipe=fp4gen.Recipe(row_scaled_activation=row_scaled))
+    x = (torch.randn(2, 32, 128) * torch.logspace(-1, 1, 32).reshape(1, 32, 1)).to(dtype).requires_grad_()
+    y = layer(x)
+    assert y.shape == (2, 32, 96) and y.dtype == dtype
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ey, edx, edw, edb = emulate(layer, x.detach().reshape(64, 128), dy.reshape(64, 96))
+    tol = 2e-2
+    assert rel(y.reshape(64, 96), ey) < tol
+    assert rel(x.grad.reshape(64, 128), edx) < tol
+    assert rel(layer.weight.grad, edw) < tol
+    if bias:
+        assert rel(layer.bias.grad, edb) < tol
+
+
+def test_close_to_high_precision_linear():
+    torch.manual_seed(1)
+    layer = fp4gen.nn.Linear(256, 128)
+    ref = torch.nn.Linear(256, 128)
+    ref.load_state_dict(layer.state_dict())
+    x = torch.randn(64, 256, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    layer(x).square().sum().backward()
+    ref(x_ref).square().sum().backward()
+    assert rel(x.grad, x_ref.grad) < 0.3 and rel(layer.weight.grad, ref.weight.grad) < 0.3  # NVFP4 noise
+
+
+def test_same_parameters_and_state_dict_as_torch_linear():
+    layer = fp4gen.nn.Linear(32, 16)
+    ref = torch.nn.Linear(32, 16)
+    assert layer.state_dict().keys() == ref.state_dict().keys()
+    layer.load_state_dict(ref.state_dict())
+    assert torch.equal(layer.weight, ref.weight)
+    assert isinstance(layer, torch.nn.Linear)
+
+
+@pytest.mark.parametrize("shape", [(24, 16), (16, 40)])
+def test_dimensions_nvfp4_cannot_take_raise_at_construction(shape):
+    with pytest.raises(ValueError, match="multiple of 16"):
+        fp4gen.nn.Linear(*shape)
+
+
+def test_token_count_rule_in_training_but_not_in_inference():
+    layer = fp4gen.nn.Linear(32, 16)
+    with pytest.raises(ValueError, match="7 tokens"):
+        layer(torch.randn(7, 32))
+    with torch.no_grad():
+        assert layer(torch.randn(7, 32)).shape == (7, 16)
+
+
+def test_only_nvfp4_copies_are_saved_for_backward():
+    layer = fp4gen.nn.Linear(64, 32, dtype=torch.bfloat16)
+    x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = layer(x)
+    assert saved, "nothing was saved"
+    for t in saved:
+        assert t.dtype in (torch.uint8, torch.float8_e4m3fn, torch.float32), t.dtype
+        assert t.dtype != torch.bfloat16 and not (t.dtype == torch.float32 and t.numel() > 64)
+    y.sum().backward()
+    assert x.grad is not None
+
+
+def test_weight_quantization_is_cached_until_the_weight_changes():
+    layer = fp4gen.nn.Linear(32, 16)
+    layer(torch.randn(16, 32)).sum().backward()
+    first = layer._weight_cache
+    layer(torch.randn(16, 32)).sum().backward()
+    assert layer._weight_cache is first
+    torch.optim.SGD(layer.parameters(), lr=0.1).step()
+    layer(torch.randn(16, 32)).sum().backward()
+    assert layer._weight_cache is not first
+    qw = fp4gen.quantize(layer.weight.detach(), scaling="tensor", block=(16, 16))
+    assert torch.equal(layer._weight_cache[1][0], qw.rowwise.data)
+
+
+def test_main_grad_accumulation():
+    torch.manual_seed(2)
+    layer = fp4gen.nn.Linear(64, 32, accumulate_main_grad=True)
+    layer.weight.main_grad = torch.zeros(32, 64)
+    x, dy = torch.randn(32, 64), torch.randn(32, 32)
+    for _ in range(2):
+        layer(x).backward(dy)
+    assert layer.weight.grad is None
+    _, _, edw, _ = emulate(layer, x, dy)
+    assert rel(layer.weight.main_grad, 2 * edw) < 1e-5
+    del layer.weight.main_grad
+    with pytest.raises(ValueError, match="main_grad"):
+        layer(x)
+
+
+def test_nan_in_the_input_reaches_the_loss():
+    layer = fp4gen.nn.Linear(32, 16)
+    x = torch.randn(16, 32)
+    x[3, 5] = float("nan")
+    loss = layer(x).sum()
+    assert torch.isnan(loss)
+
+
+def test_recipe_validation():
+    with pytest.raises(ValueError, match="weight_block"):
+        fp4gen.Recipe(weight_block=(1, 32))
+    with pytest.raises(TypeError, match="row_scaled_activation"):
+        fp4gen.Recipe(row_scaled_activation="yes")
+    assert fp4gen.Recipe(weight_block=[1, 16]).weight_block == (1, 16)
