@@ -12,49 +12,46 @@ from __future__ import annotations
 
 import torch
 
-from .api import gemm, quantize
-from .formats import BLOCK, NVFP4Data
+from . import torch_ops  # noqa: F401  (registers torch.ops.fp4gen.*)
+from .formats import BLOCK
 from .recipe import Recipe
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
-
-
-def _pack(op: NVFP4Data) -> tuple:
-    return (op.data, op.scale, op.amax)
+ops = torch.ops.fp4gen
 
 
 class _NVFP4LinearFunction(torch.autograd.Function):
+    """Operands are (data, scale, amax) triples from the fp4gen custom ops, so torch.compile traces the
+    whole step as opaque operators."""
+
     @staticmethod
-    def forward(ctx, x2d, weight, bias, qw_rowwise, qw_columnwise, recipe, main_grad, need_wgrad):
+    def forward(ctx, x2d, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad):
         # X's columnwise copy (for wgrad) comes from the same quantize call as its rowwise copy
-        qx = quantize(x2d, scaling=recipe.activation_scaling, rowwise=True, columnwise=need_wgrad)
-        y = gemm(qx.rowwise, NVFP4Data(*qw_rowwise), out_dtype=GEMM_OUT[x2d.dtype])
+        q = ops.quantize(x2d, recipe.activation_scaling, [1, BLOCK], True, need_wgrad)
+        y = ops.gemm(*q[:3], *w_row, GEMM_OUT[x2d.dtype])
         if bias is not None:
             y = y.float() + bias.float()  # bias in high precision
         y = y.to(x2d.dtype)
-        saved_x = _pack(qx.columnwise) if qx.columnwise is not None else (None, None, None)
-        ctx.save_for_backward(*saved_x, *qw_columnwise)
-        ctx.has_bias, ctx.main_grad, ctx.x_dtype = bias is not None, main_grad, x2d.dtype
+        ctx.save_for_backward(*q[3:], *w_col)  # NVFP4 copies only; X's are empty without wgrad
+        ctx.has_bias, ctx.main_grad, ctx.x_dtype, ctx.need_wgrad = bias is not None, main_grad, x2d.dtype, need_wgrad
         ctx.needs_x_grad = ctx.needs_input_grad[0]
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x_data, x_scale, x_amax, w_data, w_scale, w_amax = ctx.saved_tensors
+        saved = ctx.saved_tensors
+        x_col, w_col = saved[:3], saved[3:]
         dy = dy.contiguous()
-        need_w = x_data is not None
-        if ctx.needs_x_grad or need_w:
-            qdy = quantize(dy, scaling="tensor", rowwise=ctx.needs_x_grad, columnwise=need_w)
         dx = dw = db = None
-        if ctx.needs_x_grad:  # dgrad: dY [M, N] x (W columnwise = Wᵀ [K, N])
-            dx = gemm(qdy.rowwise, NVFP4Data(w_data, w_scale, w_amax), out_dtype=GEMM_OUT[ctx.x_dtype])
-            dx = dx.to(ctx.x_dtype)
-        if need_w:  # wgrad: (dY columnwise = dYᵀ [N, M]) x (X columnwise = Xᵀ [K, M])
-            qx_col = NVFP4Data(x_data, x_scale, x_amax)
-            if ctx.main_grad is not None:  # fp32 main-grad accumulation inside the GEMM epilogue
-                gemm(qdy.columnwise, qx_col, out=ctx.main_grad, accumulate=True)
-            else:  # the weight has the input's dtype (Linear.forward checks)
-                dw = gemm(qdy.columnwise, qx_col, out_dtype=torch.float32).to(ctx.x_dtype)
+        if ctx.needs_x_grad or ctx.need_wgrad:
+            q = ops.quantize(dy, "tensor", [1, BLOCK], ctx.needs_x_grad, ctx.need_wgrad)
+            if ctx.needs_x_grad:  # dgrad: dY [M, N] x (W columnwise = Wᵀ [K, N])
+                dx = ops.gemm(*q[:3], *w_col, GEMM_OUT[ctx.x_dtype]).to(ctx.x_dtype)
+            if ctx.need_wgrad:  # wgrad: (dY columnwise = dYᵀ [N, M]) x (X columnwise = Xᵀ [K, M])
+                if ctx.main_grad is not None:  # fp32 main-grad accumulation inside the GEMM epilogue
+                    ops.gemm_accumulate(ctx.main_grad, *q[3:], *x_col)
+                else:  # the weight has the input's dtype (Linear.forward checks)
+                    dw = ops.gemm(*q[3:], *x_col, torch.float32).to(ctx.x_dtype)
         if ctx.has_bias:
             db = dy.float().sum(0).to(ctx.x_dtype)
         return dx, dw, db, None, None, None, None, None
@@ -83,12 +80,16 @@ class Linear(torch.nn.Linear):
         self._weight_cache = None  # (key, rowwise, columnwise)
 
     def _quantized_weight(self):
-        w = self.weight
-        key = (w._version, w.data_ptr(), w.dtype, w.device, self.recipe.weight_block)
+        """(rowwise, columnwise) triples of W, per tensor. Cached on the weight's version counter in eager
+        mode; under torch.compile the quantization is part of the traced graph instead."""
+        w = self.weight.detach()
+        if torch.compiler.is_compiling():
+            q = ops.quantize(w, "tensor", list(self.recipe.weight_block), True, True)
+            return q[:3], q[3:]
+        key = (self.weight._version, w.data_ptr(), w.dtype, w.device, self.recipe.weight_block)
         if self._weight_cache is None or self._weight_cache[0] != key:
-            with torch.no_grad():
-                q = quantize(w.detach(), scaling="tensor", block=self.recipe.weight_block)
-            self._weight_cache = (key, _pack(q.rowwise), _pack(q.columnwise))
+            q = ops.quantize(w, "tensor", list(self.recipe.weight_block), True, True)
+            self._weight_cache = (key, q[:3], q[3:])
         return self._weight_cache[1], self._weight_cache[2]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

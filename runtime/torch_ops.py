@@ -1,0 +1,69 @@
+"""fp4gen's operations as torch.library custom ops (namespace `fp4gen`) with fake implementations, so
+torch.compile and CUDA graphs see opaque, shape-known operators instead of Python and ctypes calls.
+
+Operands travel as (data, scale, amax) tensor triples; an absent direction is three empty tensors.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import api
+from .formats import BLOCK, NVFP4Data
+
+Triple = tuple  # (data uint8, scale float8_e4m3fn, amax float32)
+
+
+def _absent(x: torch.Tensor) -> list:
+    return [x.new_empty(0, dtype=torch.uint8), x.new_empty(0, dtype=torch.float8_e4m3fn),
+            x.new_empty(0, dtype=torch.float32)]
+
+
+@torch.library.custom_op("fp4gen::quantize", mutates_args=())
+def quantize(x: torch.Tensor, scaling: str, block: list[int], rowwise: bool,
+             columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                        torch.Tensor]:
+    q = api.quantize(x, scaling=scaling, block=tuple(block), rowwise=rowwise, columnwise=columnwise)
+    row = [q.rowwise.data, q.rowwise.scale, q.rowwise.amax] if rowwise else _absent(x)
+    col = [q.columnwise.data, q.columnwise.scale, q.columnwise.amax] if columnwise else _absent(x)
+    if rowwise and columnwise and col[2] is row[2]:
+        col[2] = col[2].clone()  # per-tensor scaling shares one amax; custom op outputs may not alias
+    return (*row, *col)
+
+
+@quantize.register_fake
+def _(x, scaling, block, rowwise, columnwise):
+    k = x.shape[-1]
+    m = x.numel() // k if k else 0
+
+    def operand(rows, cols, vector_amax):
+        return [x.new_empty(rows, cols // 2, dtype=torch.uint8),
+                x.new_empty(rows, cols // BLOCK, dtype=torch.float8_e4m3fn),
+                x.new_empty(rows if vector_amax else 1, dtype=torch.float32)]
+
+    row_scaled = scaling == "row"
+    row = operand(m, k, row_scaled) if rowwise else _absent(x)
+    col = operand(k, m, row_scaled) if columnwise else _absent(x)
+    return (*row, *col)
+
+
+@torch.library.custom_op("fp4gen::gemm", mutates_args=())
+def gemm(a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, b_data: torch.Tensor,
+         b_scale: torch.Tensor, b_amax: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    d = api.gemm(NVFP4Data(a_data, a_scale, a_amax), NVFP4Data(b_data, b_scale, b_amax), out_dtype=out_dtype)
+    return d.contiguous()  # a padded-N CUDA result is a strided view; the fake promises a dense tensor
+
+
+@gemm.register_fake
+def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype):
+    return a_data.new_empty(a_data.shape[0], b_data.shape[0], dtype=out_dtype)
+
+
+@torch.library.custom_op("fp4gen::gemm_accumulate", mutates_args=("out",))
+def gemm_accumulate(out: torch.Tensor, a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor,
+                    b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor) -> None:
+    api.gemm(NVFP4Data(a_data, a_scale, a_amax), NVFP4Data(b_data, b_scale, b_amax), out=out, accumulate=True)
+
+
+@gemm_accumulate.register_fake
+def _(out, a_data, a_scale, a_amax, b_data, b_scale, b_amax):
+    return None
