@@ -81,9 +81,11 @@ class Linear(torch.nn.Linear):
 
     def _quantized_weight(self):
         """(rowwise, columnwise) triples of W, per tensor. Cached on the weight's version counter in eager
-        mode; under torch.compile the quantization is part of the traced graph instead."""
+        mode; under torch.compile or CUDA-graph capture the quantization is part of the graph instead."""
         w = self.weight.detach()
-        if torch.compiler.is_compiling():
+        # A traced or captured step must contain the quantization itself: a cache hit at trace or capture
+        # time would leave a graph that never requantizes the weight after optimizer updates.
+        if torch.compiler.is_compiling() or (w.is_cuda and torch.cuda.is_current_stream_capturing()):
             q = ops.quantize(w, "tensor", list(self.recipe.weight_block), True, True)
             return q[:3], q[3:]
         key = (self.weight._version, w.data_ptr(), w.dtype, w.device, self.recipe.weight_block)
