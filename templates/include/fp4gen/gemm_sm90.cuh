@@ -12,6 +12,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include "fp4gen/abi.h"
+#include "fp4gen/cutlass_run.hpp"
 #include "fp4gen/bilateral_epilogue.hpp"
 
 namespace fp4gen {
@@ -83,7 +84,7 @@ int gemm_can_implement(const void* a, const void* b, const void* c, void* d, con
   for (int64_t ld : {ldc, ldd}) if (ld % G::kAlignCD != 0) return kMisaligned;
   auto args = G::arguments(a, b, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, ldb, ldc, ldd, row_is_vector,
                            col_is_vector);
-  return G::Gemm::can_implement(args) == cutlass::Status::kSuccess ? kOk : kInvalidProblem;
+  return cutlass_can_implement<typename G::Gemm>(args);
 }
 
 template <class G>
@@ -104,12 +105,9 @@ int gemm_run(const void* a, const void* b, const void* c, void* d, const float* 
                                            row_is_vector, col_is_vector, workspace);
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
-  typename G::Gemm gemm;
-  auto args = G::arguments(a, b, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, ldb, ldc, ldd, row_is_vector,
-                           col_is_vector);
-  if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return kInvalidProblem;
-  if (gemm.run(stream) != cutlass::Status::kSuccess) return launch_status() ? launch_status() : kInvalidProblem;
-  return launch_status();
+  const auto args = G::arguments(a, b, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, ldb, ldc, ldd,
+                                 row_is_vector, col_is_vector);
+  return cutlass_run<typename G::Gemm>(args, workspace, stream);
 }
 
 }  // namespace fp4gen
