@@ -5,12 +5,15 @@
     wgrad  dW = dYᵀ X  dY columnwise (per tensor)    x  X columnwise (per-column amax when row-scaled)
 
 Forward saves only NVFP4 copies for backward (X columnwise, W columnwise), never the high-precision X.
-The quantized weight is cached while the weight is unchanged (keyed on its version counter, which every
-in-place update such as an optimizer step increments).
+The quantized weight is cached while the weight is unchanged: the cache key holds the weight's version
+counter (bumped by every in-place update through the parameter) and a count of optimizer steps taken in
+the process, because FSDP2 refills an unsharded weight after an optimizer step without bumping its
+version counter.
 """
 from __future__ import annotations
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import torch_ops  # noqa: F401  (registers torch.ops.fp4gen.*)
 from .formats import BLOCK
@@ -18,6 +21,19 @@ from .recipe import Recipe
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
 ops = torch.ops.fp4gen
+
+# Every optimizer step in the process, whatever the optimizer, invalidates cached weight quantizations.
+# The version counter alone misses weights that a wrapper refreshes with the counter preserved (FSDP2's
+# all-gather into the unsharded parameter does exactly that).
+_optimizer_steps = 0
+
+
+def _count_optimizer_step(optimizer, args, kwargs):
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
 
 
 class _NVFP4LinearFunction(torch.autograd.Function):
@@ -66,6 +82,10 @@ class Linear(torch.nn.Linear):
 
     accumulate_main_grad=True adds the weight gradient into `weight.main_grad` (an fp32 tensor you
     attach) inside the wgrad GEMM instead of producing `weight.grad`.
+
+    The quantized weight is reused until the weight's version counter moves or any torch.optim optimizer
+    steps. A change that neither sees (an in-place edit through `weight.data` outside an optimizer) needs
+    `clear_weight_cache()`.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: Recipe | None = None,
@@ -79,6 +99,10 @@ class Linear(torch.nn.Linear):
         self.accumulate_main_grad = accumulate_main_grad
         self._weight_cache = None  # (key, rowwise, columnwise)
 
+    def clear_weight_cache(self) -> None:
+        """Forget the quantized weight, so the next forward quantizes the weight again."""
+        self._weight_cache = None
+
     def _quantized_weight(self):
         """(rowwise, columnwise) triples of W, per tensor. Cached on the weight's version counter in eager
         mode; under torch.compile or CUDA-graph capture the quantization is part of the graph instead."""
@@ -88,7 +112,7 @@ class Linear(torch.nn.Linear):
         if torch.compiler.is_compiling() or (w.is_cuda and torch.cuda.is_current_stream_capturing()):
             q = ops.quantize(w, "tensor", list(self.recipe.weight_block), True, True)
             return q[:3], q[3:]
-        key = (self.weight._version, w.data_ptr(), w.dtype, w.device, self.recipe.weight_block)
+        key = (self.weight._version, _optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe.weight_block)
         if self._weight_cache is None or self._weight_cache[0] != key:
             q = ops.quantize(w, "tensor", list(self.recipe.weight_block), True, True)
             self._weight_cache = (key, q[:3], q[3:])

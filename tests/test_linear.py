@@ -116,6 +116,34 @@ def test_weight_quantization_is_cached_until_the_weight_changes():
     assert torch.equal(layer._weight_cache[1][0], qw.rowwise.data)
 
 
+def test_weight_refreshed_with_a_preserved_version_counter_is_requantized_after_an_optimizer_step():
+    # FSDP2 copies the all-gathered weight into the unsharded parameter inside
+    # _unsafe_preserve_version_counter, after the optimizer stepped on the shards.
+    torch.manual_seed(3)
+    layer = fp4gen.nn.Linear(32, 16)
+    shard = torch.nn.Parameter(torch.zeros(1))
+    x = torch.randn(16, 32)
+    layer(x)
+    new_weight = torch.randn(16, 32)
+    with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(layer.weight):
+        layer.weight.copy_(new_weight)
+    shard.grad = torch.ones(1)
+    torch.optim.SGD([shard], lr=0.1).step()  # an optimizer that does not even own this layer's weight
+    qw = fp4gen.quantize(new_weight, scaling="tensor", block=(16, 16))
+    layer(x)
+    assert torch.equal(layer._weight_cache[1][0], qw.rowwise.data)
+
+
+def test_clear_weight_cache_sees_edits_through_data():
+    layer = fp4gen.nn.Linear(32, 16)
+    layer(torch.randn(16, 32))
+    layer.weight.data.mul_(2)  # .data has its own version counter
+    layer.clear_weight_cache()
+    layer(torch.randn(16, 32))
+    qw = fp4gen.quantize(layer.weight.detach(), scaling="tensor", block=(16, 16))
+    assert torch.equal(layer._weight_cache[1][0], qw.rowwise.data)
+
+
 def test_main_grad_accumulation():
     torch.manual_seed(2)
     layer = fp4gen.nn.Linear(64, 32, accumulate_main_grad=True)
