@@ -47,7 +47,11 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         y = ops.gemm(*q[:3], *w_row, GEMM_OUT[x2d.dtype])
         if bias is not None:
             y = y.float() + bias.float()  # bias in high precision
-        y = y.to(x2d.dtype)
+        # Convert only when needed: a no-op .to() returns its input, and PyTorch 2.11's compile of an
+        # autograd.Function whose output aliases an intermediate sends the gradient to the wrong output
+        # (zero weight gradients; pytorch/pytorch#180642).
+        if y.dtype != x2d.dtype:
+            y = y.to(x2d.dtype)
         ctx.save_for_backward(*q[3:], *w_col)  # NVFP4 copies only; X's are empty without wgrad
         ctx.has_bias, ctx.main_grad, ctx.x_dtype, ctx.need_wgrad = bias is not None, main_grad, x2d.dtype, need_wgrad
         ctx.needs_x_grad = ctx.needs_input_grad[0]

@@ -9,7 +9,7 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
 def deq64(op: NVFP4Data) -> torch.Tensor:
-    lut = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64)
+    lut = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64, device=op.data.device)
     codes = torch.stack((op.data & 0xF, op.data >> 4), -1).reshape(op.shape[0], -1).long()
     vals = lut[codes].reshape(op.shape[0], -1, 16) * op.scale.double().unsqueeze(-1)
     return vals.reshape(op.shape) * op.amax.double().reshape(-1, 1) / 2688.0
@@ -20,11 +20,12 @@ def rel(a, b):
 
 
 def emulate(layer, x2d, dy2d):
-    """y, dX, dW, db of the NVFP4 recipe: the three GEMMs of design.md section 2 in float64."""
+    """y, dX, dW, db of the NVFP4 recipe: the three GEMMs of design.md section 2 in float64, from operands
+    quantized by the reference backend (on the inputs' device)."""
     recipe = layer.recipe
-    qx = fp4gen.quantize(x2d, scaling=recipe.activation_scaling)
-    qw = fp4gen.quantize(layer.weight.detach(), scaling="tensor", block=recipe.weight_block)
-    qdy = fp4gen.quantize(dy2d, scaling="tensor")
+    qx = fp4gen.quantize(x2d, scaling=recipe.activation_scaling, backend="reference")
+    qw = fp4gen.quantize(layer.weight.detach(), scaling="tensor", block=recipe.weight_block, backend="reference")
+    qdy = fp4gen.quantize(dy2d, scaling="tensor", backend="reference")
     y = deq64(qx.rowwise) @ deq64(qw.rowwise).t()
     if layer.bias is not None:
         y = y + layer.bias.double()
