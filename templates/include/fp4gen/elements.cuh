@@ -60,4 +60,32 @@ __device__ __forceinline__ uint32_t word_element(uint32_t word, int i) {
   return sizeof(InT) == 2 ? (word >> (16 * i)) & 0xFFFFu : word;
 }
 
+// Block amax as upstream's kernels compute it (max |x|, NaN elements ignored, 0 if all are NaN) over the
+// 16 elements of a block held as 32-bit words. 16-bit elements go two at a time through
+// max.xorsign.abs (HMNMX2 with |a|, |b| and no .NaN: the non-NaN operand wins), the sign bits it leaves
+// are dropped by the final fabsf, and only the last pair is widened to fp32.
+template <class InT>
+__device__ __forceinline__ float block_abs_max_words(const uint32_t (&words)[16 * sizeof(InT) / 4]) {
+  if constexpr (std::is_same_v<InT, float>) {
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(__uint_as_float(words[i])));
+    return m;
+  } else {
+    auto abs_max = [](uint32_t a, uint32_t b) {
+      uint32_t m;
+      if constexpr (std::is_same_v<InT, __half>) {
+        asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(b));
+      } else {
+        asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(b));
+      }
+      return m;
+    };
+    const uint32_t m = abs_max(abs_max(abs_max(words[0], words[1]), abs_max(words[2], words[3])),
+                               abs_max(abs_max(words[4], words[5]), abs_max(words[6], words[7])));
+    const InT* pair = reinterpret_cast<const InT*>(&m);
+    return fmaxf(fmaxf(fabsf(Element<InT>::to_float(pair[0])), fabsf(Element<InT>::to_float(pair[1]))), 0.0f);
+  }
+}
+
 }  // namespace fp4gen

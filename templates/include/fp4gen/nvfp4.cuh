@@ -2,9 +2,11 @@
 // decoding, and encoding bit for bit as the spec orders it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
-#include <cuda_fp8.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 namespace fp4gen {
@@ -45,11 +47,6 @@ __device__ __forceinline__ float global_encode_scale(float amax) {
   return (amax == 0.0f || s == 0.0f) ? 1.0f : s;
 }
 
-// OCP E4M3 (fn) with round-to-nearest-even and saturation to 448 (NaN stays NaN): the stored scale byte.
-__device__ __forceinline__ uint32_t float_to_e4m3_satfinite(float v) {
-  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
-}
-
 // What a row (or column) of blocks shares: S_enc = GES(amax), m = fl(S_enc * fl(1/6)), S_dec = fl(1/S_enc).
 struct GlobalScale {
   float encode_times_one_sixth;
@@ -67,54 +64,102 @@ struct BlockEncoding {
 };
 
 // 2.2-2.3 for one block: sdec = E4M3(min(bamax * m, FLT_MAX)), r = min(fl(1 / fl(sdec * S_dec)), FLT_MAX).
+// sdec is read back through the fp8 -> f16x2 conversion (exact: every E4M3 value is an f16), two
+// instructions instead of decoding the byte's fields; the byte is never NaN (bamax ignores NaN).
 __device__ __forceinline__ BlockEncoding encode_block_scale(float block_amax, GlobalScale g) {
-  const uint32_t byte = float_to_e4m3_satfinite(fminf(__fmul_rn(block_amax, g.encode_times_one_sixth), kFltMax));
-  const float r = fminf(__frcp_rn(__fmul_rn(e4m3_to_float(byte), g.decode)), kFltMax);
-  return {byte, r};
+  const float v = fminf(__fmul_rn(block_amax, g.encode_times_one_sixth), kFltMax);
+  uint16_t pair;  // the E4M3 byte in the low half (cvt puts its second source there), 0 above
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(v));
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(pair));
+  const float sdec = __half2float(__ushort_as_half(static_cast<unsigned short>(halves & 0xFFFFu)));
+  const float r = fminf(__frcp_rn(__fmul_rn(sdec, g.decode)), kFltMax);
+  return {static_cast<uint32_t>(pair), r};
 }
 
-// E2M1_RN (1.1) in software, for GPUs without the e2m1 cvt (sm_90a), in FMA-pipe arithmetic.
+// E2M1_RN (1.1) in software, for GPUs without the e2m1 cvt (sm_90a). These helpers are __host__ __device__
+// so that tests/cuda/e2m1_exhaustive.cu can run the very same code over every fp32 bit pattern on the CPU.
 //
 // Adding kRoundMagic = 1.5 * 2^23 to a float in [0, 2^22) rounds it to an integer (to nearest, ties to
 // even) held in the low mantissa bits of the sum. For a = |y| the code is rint(2a) on [0, 2),
 // rint(a) + 2 on [2, 4) and rint(a / 2) + 4 above (saturated at 7); each candidate is at least the right
-// code outside its own range, so the code is the minimum of the three and 7 (fminf also turns NaN into
-// 7, the code the hardware gives NaN). Returns kRoundMagic + code.
+// code outside its own range, so the code is the minimum of the three and 7. The candidates are positive
+// floats, whose order is that of their bit patterns, so one three-way integer minimum (VIMNMX3 on sm_90)
+// and one more minimum replace three float minima; a NaN candidate has the largest pattern, so NaN gets 7,
+// the code the hardware gives NaN.
 constexpr float kRoundMagic = 12582912.0f;
+constexpr uint32_t kRoundMagicBits = 0x4B400000u;  // its low 4 bits are 0: code and sign bit land there
 
-__device__ __forceinline__ float e2m1_magnitude_code(float a) {
-  const float c1 = __fmaf_rn(a, 2.0f, kRoundMagic);
-  const float c2 = __fadd_rn(a, kRoundMagic + 2.0f);
-  const float c3 = __fmaf_rn(a, 0.5f, kRoundMagic + 4.0f);
-  return fminf(fminf(fminf(c1, c2), c3), kRoundMagic + 7.0f);
+__host__ __device__ __forceinline__ float fma_rn(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return __fmaf_rn(a, b, c);  // no contraction or reassociation by nvcc
+#else
+  return std::fma(a, b, c);
+#endif
 }
 
-// 1.0 if y < 0 (however tiny), else 0.0 (also for -0.0 and NaN): two saturating multiplies, so that
-// even the smallest subnormal reaches 1.
-__device__ __forceinline__ float negative_flag(float y) {
-  return __saturatef(__fmul_rn(__saturatef(__fmul_rn(y, -0x1p127f)), 0x1p127f));
+__host__ __device__ __forceinline__ float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
 }
 
-// kRoundMagic + E2M1 code of fl(x * r): the sign bit (8) is set iff the product is < 0.
-__device__ __forceinline__ float e2m1_code_software(float x, float r) {
-  const float y = __fmul_rn(x, r);
-  return __fmaf_rn(negative_flag(y), 8.0f, e2m1_magnitude_code(fabsf(y)));
+__host__ __device__ __forceinline__ uint32_t float_bits(float v) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(v);
+#else
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  return u;
+#endif
 }
 
-// Eight codes of fl(v[i] * r) packed into a word, element 0 in the low nibble. Four codes are summed
-// into one float (exact below 2^16), and the two 16-bit halves are merged with one byte permute.
-__device__ __forceinline__ uint32_t e2m1_pack8_software(const float* v, float r) {
-  uint32_t halves[2];
+__host__ __device__ __forceinline__ float bits_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+#endif
+}
+
+// 1.0 if y < 0 (however tiny), else 0.0 (also for -0.0 and NaN): one FSET.BF on the device.
+__host__ __device__ __forceinline__ float negative_flag(float y) {
+#ifdef __CUDA_ARCH__
+  float flag;
+  asm("set.lt.f32.f32 %0, %1, 0f00000000;" : "=f"(flag) : "f"(y));
+  return flag;
+#else
+  return y < 0.0f ? 1.0f : 0.0f;
+#endif
+}
+
+// kRoundMagicBits + the E2M1 code of y, the sign in bit 3 (set iff y < 0). The sign is added as the float
+// 8 (exact: the sum stays below 2^24 + 2^23, where the spacing is 1).
+__host__ __device__ __forceinline__ uint32_t e2m1_code_bits(float y) {
+  const float a = fabsf(y);
+  const uint32_t c1 = float_bits(fma_rn(a, 2.0f, kRoundMagic));
+  const uint32_t c2 = float_bits(fma_rn(a, 1.0f, kRoundMagic + 2.0f));
+  const uint32_t c3 = float_bits(fma_rn(a, 0.5f, kRoundMagic + 4.0f));
+  const uint32_t magnitude = min(__vimin3_u32(c1, c2, c3), kRoundMagicBits + 7u);
+  return float_bits(fma_rn(negative_flag(y), 8.0f, bits_float(magnitude)));
+}
+
+// Eight codes of fl(v[i] * r) packed into a word, element 0 in the low nibble. Each element's
+// kRoundMagicBits + code is added in at its nibble (one IMAD); the magic's own shifted copies are a
+// constant that the start value cancels (modulo 2^32).
+constexpr uint32_t kPack8Bias = 0u - (kRoundMagicBits + (kRoundMagicBits << 4) + (kRoundMagicBits << 8) +
+                                      (kRoundMagicBits << 12) + (kRoundMagicBits << 16) + (kRoundMagicBits << 20) +
+                                      (kRoundMagicBits << 24) + (kRoundMagicBits << 28));
+
+__host__ __device__ __forceinline__ uint32_t e2m1_pack8_software(const float* v, float r) {
+  uint32_t word = kPack8Bias;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float* q = v + 4 * h;
-    float sum = e2m1_code_software(q[0], r);
-#pragma unroll
-    for (int i = 1; i < 4; ++i) sum = __fmaf_rn(__fsub_rn(e2m1_code_software(q[i], r), kRoundMagic),
-                                                static_cast<float>(1 << (4 * i)), sum);
-    halves[h] = __float_as_uint(sum);
-  }
-  return __byte_perm(halves[0], halves[1], 0x5410);
+  for (int i = 0; i < 8; ++i) word += e2m1_code_bits(mul_rn(v[i], r)) << (4 * i);
+  return word;
 }
 
 // Two elements to one byte, `lo` (the even element) in the low nibble, with the sm_100a instruction.

@@ -41,9 +41,10 @@ __global__ void __launch_bounds__(kQuantThreads)
   // M and K are multiples of 16, so a 16-element block is wholly inside or outside; outside is zero-filled
   auto prefetch = [&](int64_t tile_id, int buf) {
     const int64_t m0 = (tile_id / tiles_k) * kQuantTile, k0 = (tile_id % tiles_k) * kQuantTile;
+    static_assert(kQuantTile * kVecsPerRow % kQuantThreads == 0, "every thread copies the same number of vectors");
 #pragma unroll
-    for (int v = t; v < kQuantTile * kVecsPerRow; v += kQuantThreads) {
-      const int r = v / kVecsPerRow, c = (v % kVecsPerRow) * kVec;
+    for (int i = 0; i < kQuantTile * kVecsPerRow / kQuantThreads; ++i) {  // a trip count nvcc can unroll
+      const int v = t + i * kQuantThreads, r = v / kVecsPerRow, c = (v % kVecsPerRow) * kVec;
       const bool inside = m0 + r < rows && k0 + c < cols;
       cp_async_16(&tile[buf][r][c], inside ? x + (m0 + r) * x_row_stride + k0 + c : x, inside);
     }
@@ -74,16 +75,17 @@ __global__ void __launch_bounds__(kQuantThreads)
 
     const bool rw_ok = m0 + rw_row < rows && k0 + rw_blk * 16 < cols;
     const bool cw_ok = k0 + cw_col < cols && m0 + cw_blk * 16 < rows;
-    float rw[16];  // a row block is 16 contiguous elements: read it as 16-byte vectors
+    uint32_t rw_words[16 * sizeof(InT) / 4];  // a row block is 16 contiguous elements: read it as 16-byte vectors
 #pragma unroll
-    for (int v = 0; v < 16 / kVec; ++v) {
-      const uint4 vec = *reinterpret_cast<const uint4*>(&tile[buf][rw_row][rw_blk * 16 + v * kVec]);
-      const InT* elems = reinterpret_cast<const InT*>(&vec);
+    for (int v = 0; v < 16 / kVec; ++v)
+      *reinterpret_cast<uint4*>(&rw_words[4 * v]) =
+          *reinterpret_cast<const uint4*>(&tile[buf][rw_row][rw_blk * 16 + v * kVec]);
+    float rw[16];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) rw[v * kVec + i] = E::to_float(elems[i]);
-    }
+    for (int i = 0; i < 16; ++i) rw[i] = E::to_float(reinterpret_cast<const InT*>(rw_words)[i]);
+    const float rw_amax = block_abs_max_words<InT>(rw_words);
     if constexpr (k2D) {  // 16x16 tile amax: max over the 16 row-block maxima of the tile
-      row_block_max[rw_row][rw_blk] = block_abs_max(rw);
+      row_block_max[rw_row][rw_blk] = rw_amax;
       __syncthreads();
     }
     auto tile_16x16_max = [&](int tile_row, int tile_col) {
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(kQuantThreads)
     if constexpr (kRowwise) {
       if (rw_ok) {
         const int64_t grow = m0 + rw_row, gcol = k0 + rw_blk * 16;
-        const float bamax = k2D ? tile_16x16_max(rw_row / 16, rw_blk) : block_abs_max(rw);
+        const float bamax = k2D ? tile_16x16_max(rw_row / 16, rw_blk) : rw_amax;
         const BlockEncoding enc = encode_block_scale(bamax, row_global[rw_row]);
         *reinterpret_cast<uint2*>(row_data + grow * (cols / 2) + gcol / 2) =
             encode_block_codes<kHardwareCvt>(rw, enc.inverse);
