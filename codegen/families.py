@@ -180,6 +180,38 @@ FAMILIES = {
         excluded=((lambda values, facts: values["schedule"] == "cooperative" and facts["tile_m"] < 128,
                    "a cooperative schedule splits the tile's M across two warp groups: tile M must be >= 128"),),
     ),
+    "gemm_fused_dequant": Family(
+        name="gemm_fused_dequant",
+        op="gemm",
+        description="Hopper D = A @ B.T for small M, read straight from the packed NVFP4 operands: codes and "
+                    "scales staged by cp.async, dequantized on chip to fp16 (exact), mma.sync, the bilateral "
+                    "amax epilogue",
+        template="gemm_fused_dequant.cu.j2",
+        name_prefix="gemm_nvfp4_fused",
+        axes={
+            "out_dtype": {"bf16": "bf16out", "fp32": "fp32out"},
+            "fused_tile": TileTokens(tables.FUSED_GEMM_TILES),
+            "arch": {"sm90a": "sm90a"},
+        },
+        params=(
+            Param("a_codes", "const uint8_t*"),  # [M, K/2] packed E2M1, row stride lda bytes
+            Param("a_scale", "const uint8_t*"),  # [M, K/16] E4M3, row stride lda_scale bytes
+            Param("b_codes", "const uint8_t*"),  # [N, K/2]
+            Param("b_scale", "const uint8_t*"),  # [N, K/16]
+            *_GEMM_EPILOGUE_PARAMS,
+            Param("lda", "int64_t"),  # bytes
+            Param("lda_scale", "int64_t"),
+            Param("ldb", "int64_t"),
+            Param("ldb_scale", "int64_t"),
+            *_GEMM_OUTPUT_PARAMS,
+        ),
+        # whole 64-element k-tiles; cp.async moves 16-byte chunks of codes and 4-byte words of scales
+        constraints={"cols_multiple_of": 64},
+        alignment={"a_codes": 16, "b_codes": 16, "a_scale": 4, "b_scale": 4},
+        excluded=((lambda values, facts: facts["tile_n"] % (64 if facts["tile_m"] < 32 else 32),
+                   "four warps split the tile 1x4 below M = 32 (else 2x2) and a warp takes whole 16-column "
+                   "steps: tile N must be a multiple of 64 (tile M 16) or 32"),),
+    ),
     "gemm_sm100": Family(
         name="gemm_sm100",
         op="gemm",

@@ -34,9 +34,11 @@ BLOCKS = {"1x16": {"block_2d": False}, "16x16": {"block_2d": True}}
 class GemmTiles:
     """GEMM tiles `MxNxK`, accepted by rule rather than from a list, so a new tile is a YAML edit."""
 
-    def __init__(self, m_values: tuple, n_step: int, n_max: int, k_values: tuple, examples: tuple):
+    def __init__(self, m_values: tuple, n_step: int, n_max: int, k_values: tuple, examples: tuple,
+                 facts: dict | None = None):
         self.m_values, self.n_step, self.n_max, self.k_values = m_values, n_step, n_max, k_values
         self.EXAMPLES = examples
+        self.facts = facts or {}  # facts every tile of the table shares
         self.RULE = (f"MxNxK with M in {', '.join(map(str, m_values))}, N a multiple of {n_step} from {n_step} "
                      f"to {n_max}, and K in {', '.join(map(str, k_values))}")
 
@@ -55,7 +57,7 @@ class GemmTiles:
         shape = self.parse(value)
         if shape is None:
             raise KeyError(value)
-        return {"tile_m": shape[0], "tile_n": shape[1], "tile_k": shape[2]}
+        return {"tile_m": shape[0], "tile_n": shape[1], "tile_k": shape[2], **self.facts}
 
     def __iter__(self):
         return iter(self.EXAMPLES)
@@ -67,6 +69,13 @@ GEMM_TILES = GemmTiles((64, 128, 256), 16, 256, (64, 128), ("128x256x64", "64x12
 
 # Blackwell 1-SM MMA tiles of the block-scaled NVFP4 MMA (K = 256 elements: four 64-element scale atoms).
 SM100_MMA_TILES = GemmTiles((128,), 64, 256, (256,), ("128x128x256", "128x256x256"))
+
+# CTA tiles of the Hopper GEMM that reads the packed operands (gemm_fused_dequant): four warps of mma.sync
+# over 64-element k-tiles; a warp tile must be whole 16x16 steps (2x2 warps from M = 32 on, 1x4 below).
+# reads_packed_operands: the selector prefers such a kernel when one row of its tiles covers M, so each
+# byte of B is read and dequantized once.
+FUSED_GEMM_TILES = GemmTiles((16, 32, 64, 128), 64, 128, (64,), ("16x64x64", "64x64x64", "128x64x64"),
+                             facts={"reads_packed_operands": True})
 
 # Hopper GEMM kernel schedules: two consumer warp groups sharing a tile (cooperative, needs tile M >= 128)
 # or alternating between tiles (pingpong).
@@ -96,6 +105,7 @@ AXIS_TABLES = {
     "block": BLOCKS,
     "tile": GEMM_TILES,
     "mma_tile": SM100_MMA_TILES,
+    "fused_tile": FUSED_GEMM_TILES,
     "schedule": GEMM_SCHEDULES,
 }
 

@@ -46,7 +46,9 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         q = ops.quantize(x2d, recipe.activation_scaling, [1, BLOCK], True, need_wgrad)
         y = ops.gemm(*q[:3], *w_row, GEMM_OUT[x2d.dtype])
         if bias is not None:
-            y = y.float() + bias.float()  # bias in high precision
+            # PyTorch adds 16-bit tensors in fp32 and rounds once, so this is the fp32 sum rounded to the
+            # output dtype, without materializing an fp32 copy of Y
+            y = y + bias
         # Convert only when needed: a no-op .to() returns its input, and PyTorch 2.11's compile of an
         # autograd.Function whose output aliases an intermediate sends the gradient to the wrong output
         # (zero weight gradients; pytorch/pytorch#180642).
@@ -73,7 +75,7 @@ class _NVFP4LinearFunction(torch.autograd.Function):
                 else:  # the weight has the input's dtype (Linear.forward checks)
                     dw = ops.gemm(*q[3:], *x_col, torch.float32).to(ctx.x_dtype)
         if ctx.has_bias:
-            db = dy.float().sum(0).to(ctx.x_dtype)
+            db = dy.sum(0, dtype=torch.float32).to(ctx.x_dtype)  # fp32 accumulation, no fp32 copy of dY
         return dx, dw, db, None, None, None, None, None
 
 

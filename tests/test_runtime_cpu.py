@@ -131,10 +131,23 @@ def test_built_quantize_library_checks_problems(name):
 
 
 def test_gemm_tile_choice_follows_m():
-    def chosen(rows):
-        return select(_problem(op="gemm", rows=rows, pointers={}), MANIFEST)
-    assert chosen(1).endswith("t64x128x64_pingpong_sm90a") and chosen(127).endswith("t64x128x64_pingpong_sm90a")
-    assert chosen(128).endswith("t128x256x64_coop_sm90a") and chosen(8192).endswith("t128x256x64_coop_sm90a")
+    def chosen(rows, cols=256):
+        return select(_problem(op="gemm", rows=rows, cols=cols, pointers={}), MANIFEST)
+    # one row of fused tiles covers M up to 128: the smallest such tile
+    assert chosen(1).endswith("fused_bf16out_t16x64x64_sm90a") and chosen(16).endswith("t16x64x64_sm90a")
+    assert chosen(17).endswith("fused_bf16out_t32x64x64_sm90a") and chosen(65).endswith("t128x64x64_sm90a")
+    assert chosen(128).endswith("fused_bf16out_t128x64x64_sm90a")
+    # beyond, the wgmma tiles: the tallest no taller than M
+    assert chosen(129).endswith("t64x128x64_pingpong_sm90a") and chosen(255).endswith("t64x128x64_pingpong_sm90a")
+    assert chosen(256).endswith("t128x256x64_coop_sm90a") and chosen(8192).endswith("t128x256x64_coop_sm90a")
+    # the fused kernels take whole 64-element k-tiles; K = 16 (mod 64) goes to the wgmma GEMM
+    assert chosen(16, cols=48).endswith("t64x128x64_pingpong_sm90a")
+
+
+def test_fused_gemm_alignment_rules_fall_back_to_the_wgmma_gemm():
+    pointers = {"a_codes": 0x1008, "a_scale": 0x2000, "b_codes": 0x3000, "b_scale": 0x4000}
+    name = select(_problem(op="gemm", rows=16, cols=256, pointers=pointers), MANIFEST)
+    assert name.endswith("t64x128x64_pingpong_sm90a")
 
 
 def test_blackwell_gemm_is_chosen_on_compute_capability_10():
@@ -155,6 +168,22 @@ def test_built_blackwell_gemm_library_checks_problems(name):
     assert kernel.can_implement(*ok[:5], 0x30008, *ok[6:]) == 2  # d not 16-byte aligned
     assert kernel.can_implement(*ok[:12], 48, *ok[13:]) == 1  # K not a multiple of 32
     assert kernel.can_implement(*ok[:2], None, *ok[3:]) == 1  # no scales
+
+
+@needs_build
+@pytest.mark.parametrize("name", _kernels("gemm", "gemm_fused_dequant"))
+def test_built_fused_gemm_library_checks_problems(name):
+    kernel = library.load_kernel(name)
+    m, n, k = 100, 200, 128
+    ok = (0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x50000, 0x60000, 0x70000, 1.0, 0.0, m, n, k, k // 2, k // 16,
+          k // 2, k // 16, n, n, 1, 0, None)
+    assert kernel.can_implement(*ok) == 0
+    assert kernel.can_implement(0x10008, *ok[1:]) == 2  # codes not 16-byte aligned
+    assert kernel.can_implement(*ok[:3], 0x40002, *ok[4:]) == 2  # scales not 4-byte aligned
+    assert kernel.can_implement(*ok[:13], 72, *ok[14:]) == 2  # code rows of 72 bytes break 16-byte chunks
+    assert kernel.can_implement(*ok[:12], 96, *ok[13:]) == 1  # K not a multiple of 64
+    assert kernel.can_implement(*ok[:6], None, *ok[7:]) == 1  # no row amax
+    assert kernel.can_implement(*ok[:4], None, *ok[5:9], 1.0, *ok[10:]) == 1  # accumulate without C
 
 
 @needs_build

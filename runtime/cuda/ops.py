@@ -163,28 +163,46 @@ def _blockscaled_operands(a: NVFP4Data, b: NVFP4Data, n_run: int) -> tuple:
     return (b_data, sfa, sfb), (a.data.data_ptr(), b_data.data_ptr(), sfa.data_ptr(), sfb.data_ptr()), ()
 
 
+def _packed_operands(a: NVFP4Data, b: NVFP4Data, n_run: int) -> tuple:
+    """The fused Hopper GEMM: codes and scales as they are, with their row strides in bytes."""
+    a_scale, b_scale = a.scale.view(torch.uint8), b.scale.view(torch.uint8)
+    return ((), (a.data.data_ptr(), a_scale.data_ptr(), b.data.data_ptr(), b_scale.data_ptr()),
+            (a.data.stride(0), a_scale.stride(0), b.data.stride(0), b_scale.stride(0)))
+
+
+# How each GEMM family takes its operands, and whether its TMA epilogue needs N padded to 16 bytes of output.
+_GEMM_OPERANDS = {
+    "gemm_sm90": (_bf16_operands, True),
+    "gemm_sm100": (_blockscaled_operands, True),
+    "gemm_fused_dequant": (_packed_operands, False),
+}
+
+
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool):
     """D = A @ B.T with the epilogue alpha * row_amax[i] * col_amax[j] (+ C = out when accumulating).
 
-    The operands go in as the kernel family needs them: block-scaled bf16 scratch for the Hopper GEMM,
-    packed codes with swizzled scales for the Blackwell one."""
+    The operands go in as the kernel family needs them: packed codes and scales for the fused Hopper GEMM
+    (small M), block-scaled bf16 scratch for the wgmma one, packed codes with swizzled scales for the
+    Blackwell one."""
     (m, k), n = a.shape, b.shape[0]
     device = a.device
     if m == 0 or n == 0:
         return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=device)
-    kernel = _kernel_for(_problem("gemm", device, {"out_dtype": out_dtype}, k, rows=m))
-    # The TMA epilogue needs N to be a multiple of 16 bytes of output: otherwise the GEMM runs on N rounded
+    pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
+                "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
+    kernel = _kernel_for(_problem("gemm", device, {"out_dtype": out_dtype}, k, pointers, rows=m))
+    operands, pads_n = _GEMM_OPERANDS[kernel.family]
+    # A TMA epilogue needs N to be a multiple of 16 bytes of output: otherwise the GEMM runs on N rounded
     # up, over zero rows of B (and a padded column amax), into a padded D whose first n columns are kept.
-    align = 16 // torch.empty(0, dtype=out_dtype).element_size()
+    align = 16 // torch.empty(0, dtype=out_dtype).element_size() if pads_n else 1
     n_run = -(-n // align) * align
-    operands = _bf16_operands if kernel.family == "gemm_sm90" else _blockscaled_operands
     # scratch must stay referenced until the launch is queued, or the allocator could hand its memory to d
     scratch, operand_ptrs, operand_strides = operands(a, b, n_run)
     col_amax = b.amax.contiguous()
     if b.row_scaled and n_run != n:
         col_amax = torch.cat([col_amax, col_amax.new_ones(n_run - n)])
-    if (n_run == n and out is not None and out.stride(1) == 1 and out.stride(0) % align == 0
-            and out.data_ptr() % 16 == 0):
+    if (n_run == n and out is not None and out.stride(1) == 1 and
+            (not pads_n or (out.stride(0) % align == 0 and out.data_ptr() % 16 == 0))):
         d = out
     else:
         d = torch.empty(m, n_run, dtype=out_dtype, device=device)

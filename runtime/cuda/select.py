@@ -37,15 +37,21 @@ def _rule_violations(kernel: dict, problem: Problem) -> list:
 
 
 def _rank(kernel: dict, problem: Problem) -> tuple:
-    """Smaller is better. GEMM tiles: the tallest tile no taller than M (at least the smallest tile), so
-    small M gets 64-row pingpong tiles instead of half-empty 128-row ones; then the widest tile. Kernels
-    without tile facts rank by name only."""
+    """Smaller is better. GEMMs: first a kernel that reads the packed operands (reads_packed_operands) when
+    one row of its tiles covers M, the smallest such tile: B's codes are then read and dequantized once,
+    which is what bounds small-M GEMMs. Otherwise the wgmma tiles: the tallest no taller than M (at least
+    the smallest tile), so small M gets 64-row pingpong tiles instead of half-empty 128-row ones; then the
+    widest tile. Packed-operand kernels whose tiles do not cover M come last. Kernels without tile facts
+    rank by name only."""
     facts = kernel.get("facts", {})
     tile_m = facts.get("tile_m")
     if tile_m is None:
-        return (0, 0, kernel["name"])
+        return (0, 0, 0, 0, kernel["name"])
+    if facts.get("reads_packed_operands"):
+        covers = problem.rows <= tile_m
+        return (0 if covers else 2, 0, tile_m if covers else -tile_m, -facts["tile_n"], kernel["name"])
     fits = tile_m <= max(problem.rows, 64)
-    return (0 if fits else 1, -tile_m if fits else tile_m, -facts.get("tile_n", 0), kernel["name"])
+    return (1, 0 if fits else 1, -tile_m if fits else tile_m, -facts.get("tile_n", 0), kernel["name"])
 
 
 def select(problem: Problem, manifest: dict) -> str:

@@ -122,3 +122,55 @@ def test_gemm_cuda_graph_and_two_streams():
     torch.cuda.synchronize()
     for (a_, b_), o in zip(pairs, outs):
         assert rel_err(o, dequantize_f64(a_) @ dequantize_f64(b_).t()) < 1e-5
+
+
+def chosen_kernel(a, b, out_dtype):
+    from fp4gen.cuda.ops import _kernel_for, _problem, _row_start_bits
+    pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
+                "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
+    return _kernel_for(_problem("gemm", a.device, {"out_dtype": out_dtype}, a.shape[1], pointers, rows=a.shape[0]))
+
+
+@pytest.mark.parametrize("m,tile", [(5, "t16x64x64"), (20, "t32x64x64"), (50, "t64x64x64"), (100, "t128x64x64")])
+@pytest.mark.parametrize("n,k", [(1000, 192), (17, 1024), (64, 64)])
+@pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
+def test_fused_gemm_every_tile(m, tile, n, k, out_dtype, tol):
+    for a_row, b_row in SCALES:
+        a, b = operand(m, k, a_row, m + n), operand(n, k, b_row, k)
+        kernel = chosen_kernel(a, b, out_dtype)
+        assert kernel.family == "gemm_fused_dequant" and tile in kernel.name
+        d = fp4gen.gemm(a, b, out_dtype=out_dtype)
+        assert d.shape == (m, n) and d.stride() == (n, 1)  # no padded N for this family
+        assert rel_err(d, dequantize_f64(a) @ dequantize_f64(b).t()) < tol
+
+
+def test_fused_gemm_row_strided_operands_accumulate_and_nan():
+    wide_a, wide_b = operand(48, 512, True, 21), operand(300, 512, False, 22)
+    # the first 256 columns of each: row strides of 256 code bytes and 32 scale bytes
+    a = fp4gen.NVFP4Data(wide_a.data[:, :128], wide_a.scale[:, :16], wide_a.amax)
+    b = fp4gen.NVFP4Data(wide_b.data[:, :128], wide_b.scale[:, :16], wide_b.amax)
+    assert chosen_kernel(a, b, torch.float32).family == "gemm_fused_dequant"
+    base = torch.randn(48, 300, device="cuda")
+    out = base.clone()
+    fp4gen.gemm(a, b, out=out, accumulate=True)
+    assert rel_err(out, dequantize_f64(a) @ dequantize_f64(b).t() + base.double()) < 1e-5
+    a.amax[7] = float("nan")
+    d = fp4gen.gemm(a, b, out_dtype=torch.bfloat16)
+    assert torch.isnan(d[7]).all() and not torch.isnan(d[torch.arange(48, device="cuda") != 7]).any()
+
+
+def test_fused_gemm_in_a_cuda_graph():
+    a, b = operand(64, 512, True, 23), operand(700, 512, True, 24)
+    assert chosen_kernel(a, b, torch.bfloat16).family == "gemm_fused_dequant"
+    static_a = fp4gen.NVFP4Data(a.data.clone(), a.scale.clone(), a.amax.clone())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        d = fp4gen.gemm(static_a, b)
+    torch.cuda.current_stream().wait_stream(stream)
+    new = operand(64, 512, False, 25)
+    static_a.data.copy_(new.data), static_a.scale.copy_(new.scale), static_a.amax.copy_(new.amax)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(d, dequantize_f64(new) @ dequantize_f64(b).t()) < 1e-2

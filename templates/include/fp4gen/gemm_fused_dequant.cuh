@@ -1,0 +1,316 @@
+// Hopper NVFP4 GEMM for small M, read straight from the packed operands:
+//     D[i, j] = beta * C[i, j] + alpha * (row_amax[i or 0] * (col_amax[j or 0] * sum_k A[i, k] * B[j, k]))
+// where A and B hold block-scaled values e2m1 * e4m3 (spec/nvfp4-numerics.md 2.4 without the amax factor).
+//
+// Why: when M is small the GEMM is bound by reading B. The wgmma family reads B as bf16 scratch that a
+// separate pass wrote (4 bytes of traffic per element, plus 0.5 to read the codes); this kernel reads the
+// 0.5625 bytes of codes and scales once, so one tile row covering M streams B at close to DRAM speed.
+//
+// Per k-tile of 64 elements: cp.async stages the codes and scales of the CTA's A and B rows (kStages
+// tiles in flight); all threads dequantize the staged tile once into fp16 shared memory; warps multiply it
+// with ldmatrix + mma.sync (fp16 in, fp32 accumulate). e2m1 * e4m3 has at most 6 significant bits and lies
+// in [2^-10, 2688], so it is exact in fp16: the result equals the NVFP4 product up to summation order.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "fp4gen/abi.h"
+#include "fp4gen/async_copy.cuh"
+
+namespace fp4gen {
+namespace fused_gemm {
+
+constexpr int kThreads = 128;                // four warps
+constexpr int kTileK = 64;                   // elements per k-tile: four NVFP4 blocks
+constexpr int kCodeBytes = kTileK / 2;       // packed codes per row and k-tile
+constexpr int kScaleBytes = kTileK / 16;     // E4M3 block scales per row and k-tile
+constexpr int kHalfRowBytes = kTileK * 2;    // one row of the k-tile in fp16: eight 16-byte chunks
+constexpr int kStages = 4;                   // staged k-tiles in flight
+// Each operand's fp16 values carry a factor 2^-14 (see decode8); the accumulator carries their product.
+constexpr float kAccumulatorUnscale = 0x1p28f;
+
+template <int BM, int BN>
+struct Tile {
+  static constexpr int kRows = BM + BN;  // A's rows, then B's, share the staging and dequantization code
+  static constexpr int kWarpsM = BM >= 32 ? 2 : 1;
+  static constexpr int kWarpsN = 4 / kWarpsM;
+  static constexpr int kWarpM = BM / kWarpsM, kWarpN = BN / kWarpsN;
+  static constexpr int kMmaM = kWarpM / 16, kMmaN = kWarpN / 8;
+  static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "a warp tile is whole 16x16 ldmatrix/mma steps");
+  static constexpr int kStageBytes = kRows * (kCodeBytes + kScaleBytes);
+  static constexpr int kHalfBytes = kRows * kHalfRowBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kHalfBytes;  // fp16 tile double-buffered
+};
+
+struct Params {
+  const uint8_t* a_codes;
+  const uint8_t* a_scale;
+  const uint8_t* b_codes;
+  const uint8_t* b_scale;
+  const void* c;
+  void* d;
+  const float* row_amax;
+  const float* col_amax;
+  float alpha, beta;
+  int64_t m, n, k;
+  int64_t lda, lda_scale, ldb, ldb_scale;  // bytes
+  int64_t ldc, ldd;                        // elements
+  bool row_is_vector, col_is_vector;
+};
+
+// 4 bytes through L1 (cp.async.cg only moves 16); `valid` false zero-fills.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+// Eight E2M1 codes (code i in bits 4i..4i+3) -> four fp16x2 words, word j = {code j, code j + 4}, each
+// holding value * 2^-14. Placing a code's exponent and mantissa bits (e1 e0 m) at fp16 bits 11..9 makes
+// the fp16 exponent field e: for e >= 1 that is 2^(e-15) * (1 + m/2) = 2^-14 * value, and for e = 0 the
+// fp16 subnormal m * 2^-15 = 2^-14 * (m * 0.5). The sign bit moves to bit 15. Four shift/mask pairs for
+// eight elements, instead of a table lookup each.
+__device__ __forceinline__ void decode8(uint32_t codes, uint32_t (&out)[4]) {
+  out[0] = ((codes << 9) & 0x0E000E00u) | ((codes << 12) & 0x80008000u);
+  out[1] = ((codes << 5) & 0x0E000E00u) | ((codes << 8) & 0x80008000u);
+  out[2] = ((codes << 1) & 0x0E000E00u) | ((codes << 4) & 0x80008000u);
+  out[3] = ((codes >> 3) & 0x0E000E00u) | (codes & 0x80008000u);
+}
+
+// value * 2^-14 times the block scale stays exact in fp16: the product value * scale is a multiple of
+// 2^-10 below 2688, so after the 2^-14 it is a multiple of 2^-24 (fp16's subnormal step) below 0.17, with
+// at most 6 significant bits. fp16 multiplication keeps subnormals.
+__device__ __forceinline__ uint32_t scale_pair(uint32_t word, __half2 scale) {
+  const __half2 product = __hmul2(*reinterpret_cast<const __half2*>(&word), scale);
+  return *reinterpret_cast<const uint32_t*>(&product);
+}
+
+__device__ __forceinline__ __half2 e4m3_to_half2(uint32_t byte) {
+  // exact: every E4M3 value (NaN included) is an fp16 value
+  const __half2_raw pair = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(byte * 0x101u), __NV_E4M3);
+  return *reinterpret_cast<const __half2*>(&pair);
+}
+
+// The fp16 tile is [rows][8 chunks of 16 bytes]; chunk c of row r lives at chunk c ^ (r % 8), so the eight
+// rows an ldmatrix phase reads, and the rows the dequantization stores, fall in distinct banks.
+__device__ __forceinline__ uint32_t half_tile_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * kHalfRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ __forceinline__ void mma_f16_16816(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <class OutT>
+__device__ __forceinline__ float load_output(const void* base, int64_t index) {
+  return static_cast<float>(static_cast<const OutT*>(base)[index]);
+}
+
+template <class OutT>
+__device__ __forceinline__ void store_output(void* base, int64_t index, float value) {
+  if constexpr (std::is_same_v<OutT, float>) {
+    static_cast<float*>(base)[index] = value;
+  } else {
+    static_cast<OutT*>(base)[index] = __float2bfloat16_rn(value);
+  }
+}
+
+template <int BM, int BN, class OutT>
+__global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
+  using T = Tile<BM, BN>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* const stages = smem;                          // kStages x [codes kRows x 32 | scales kRows x 4]
+  uint8_t* const halves = smem + kStages * T::kStageBytes;  // 2 x [kRows x 128] fp16, A's rows first
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * BM, n0 = static_cast<int64_t>(blockIdx.x) * BN;
+  const int k_tiles = static_cast<int>(p.k / kTileK);
+
+  // Staged row r: A row m0 + r for r < BM, else B row n0 + r - BM; rows past M or N are zero-filled, and
+  // zero codes with zero scales dequantize to 0.
+  auto stage_k_tile = [&](int kt, int slot) {
+    uint8_t* const codes = stages + slot * T::kStageBytes;
+    uint8_t* const scales = codes + T::kRows * kCodeBytes;
+#pragma unroll
+    for (int j = 0; j < (T::kRows * 2 + kThreads - 1) / kThreads; ++j) {  // two 16-byte chunks of codes per row
+      const int i = tid + j * kThreads;
+      if (i >= T::kRows * 2) break;
+      const int row = i >> 1, chunk = i & 1;
+      const bool is_a = row < BM;
+      const int64_t g = is_a ? m0 + row : n0 + (row - BM);
+      const bool valid = g < (is_a ? p.m : p.n);
+      const uint8_t* src = (is_a ? p.a_codes + g * p.lda : p.b_codes + g * p.ldb) + kt * kCodeBytes + chunk * 16;
+      cp_async_16(codes + row * kCodeBytes + chunk * 16, valid ? src : p.a_codes, valid);
+    }
+#pragma unroll
+    for (int j = 0; j < (T::kRows + kThreads - 1) / kThreads; ++j) {  // one 4-byte word of scales per row
+      const int row = tid + j * kThreads;
+      if (row >= T::kRows) break;
+      const bool is_a = row < BM;
+      const int64_t g = is_a ? m0 + row : n0 + (row - BM);
+      const bool valid = g < (is_a ? p.m : p.n);
+      const uint8_t* src = (is_a ? p.a_scale + g * p.lda_scale : p.b_scale + g * p.ldb_scale) + kt * kScaleBytes;
+      cp_async_4(scales + row * kScaleBytes, valid ? src : p.a_scale, valid);
+    }
+  };
+
+  // Every staged 16-element block once into the fp16 tile: two 16-byte chunks per block. Within a chunk
+  // the elements sit in decode8's order; A and B share it, so the dot products are unchanged.
+  auto dequantize_k_tile = [&](int slot, uint8_t* half_tile) {
+    const uint8_t* const codes = stages + slot * T::kStageBytes;
+    const uint8_t* const scales = codes + T::kRows * kCodeBytes;
+#pragma unroll
+    for (int j = 0; j < (T::kRows * 4 + kThreads - 1) / kThreads; ++j) {
+      const int i = tid + j * kThreads;
+      if (i >= T::kRows * 4) break;
+      const int row = i >> 2, block = i & 3;
+      const uint2 packed = *reinterpret_cast<const uint2*>(codes + row * kCodeBytes + block * 8);
+      const __half2 scale = e4m3_to_half2(scales[row * kScaleBytes + block]);
+      uint32_t lo[4], hi[4];
+      decode8(packed.x, lo);
+      decode8(packed.y, hi);
+      uint4 first, second;
+      first.x = scale_pair(lo[0], scale), first.y = scale_pair(lo[1], scale);
+      first.z = scale_pair(lo[2], scale), first.w = scale_pair(lo[3], scale);
+      second.x = scale_pair(hi[0], scale), second.y = scale_pair(hi[1], scale);
+      second.z = scale_pair(hi[2], scale), second.w = scale_pair(hi[3], scale);
+      *reinterpret_cast<uint4*>(half_tile + half_tile_offset(row, 2 * block)) = first;
+      *reinterpret_cast<uint4*>(half_tile + half_tile_offset(row, 2 * block + 1)) = second;
+    }
+  };
+
+  const int warp_m = warp / T::kWarpsN, warp_n = warp % T::kWarpsN;
+  float acc[T::kMmaM][T::kMmaN][4] = {};
+
+  auto multiply_k_tile = [&](const uint8_t* half_tile) {
+    const uint8_t* const a_tile = half_tile;
+    const uint8_t* const b_tile = half_tile + BM * kHalfRowBytes;
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk) {
+      uint32_t a[T::kMmaM][4], b[T::kMmaN][2];
+#pragma unroll
+      for (int mt = 0; mt < T::kMmaM; ++mt) {  // x4: rows 0-15 at k 0-7, then at k 8-15
+        const int row = warp_m * T::kWarpM + mt * 16 + (lane & 15);
+        ldmatrix_x4(a[mt], a_tile + half_tile_offset(row, 2 * kk + (lane >> 4)));
+      }
+#pragma unroll
+      for (int np = 0; np < T::kMmaN / 2; ++np) {  // x4: two n8 tiles, each at k 0-7 and k 8-15
+        const int row = warp_n * T::kWarpN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+        uint32_t r[4];
+        ldmatrix_x4(r, b_tile + half_tile_offset(row, 2 * kk + ((lane >> 3) & 1)));
+        b[2 * np][0] = r[0], b[2 * np][1] = r[1], b[2 * np + 1][0] = r[2], b[2 * np + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < T::kMmaM; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < T::kMmaN; ++nt) mma_f16_16816(acc[mt][nt], a[mt], b[nt][0], b[nt][1]);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) stage_k_tile(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kStages - 2>();
+    // k-tile kt is staged for every thread; every thread is done with k-tile kt-1's stage (refilled next)
+    // and with the fp16 tile of kt-2 (overwritten now)
+    __syncthreads();
+    if (kt + kStages - 1 < k_tiles) stage_k_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);
+    cp_async_commit();
+    uint8_t* const half_tile = halves + (kt & 1) * T::kHalfBytes;
+    dequantize_k_tile(kt % kStages, half_tile);
+    __syncthreads();
+    multiply_k_tile(half_tile);
+  }
+
+  // Epilogue, in the order of the wgmma family's visitor tree (bilateral_epilogue.hpp). The accumulator
+  // fragment of an m16n8 tile: rows lane/4 and lane/4 + 8, columns 2 * (lane % 4) and the next.
+  const int group = lane >> 2, pair = (lane & 3) * 2;
+#pragma unroll
+  for (int mt = 0; mt < T::kMmaM; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t row = m0 + warp_m * T::kWarpM + mt * 16 + group + half * 8;
+      if (row >= p.m) continue;
+      const float row_amax = p.row_amax[p.row_is_vector ? row : 0];
+#pragma unroll
+      for (int nt = 0; nt < T::kMmaN; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t col = n0 + warp_n * T::kWarpN + nt * 8 + pair + e;
+          if (col >= p.n) continue;
+          const float col_amax = p.col_amax[p.col_is_vector ? col : 0];
+          float v = acc[mt][nt][half * 2 + e] * kAccumulatorUnscale;  // exact: a power of two
+          v = __fmul_rn(p.alpha, __fmul_rn(row_amax, __fmul_rn(col_amax, v)));
+          if (p.beta != 0.0f) v = __fmaf_rn(p.beta, load_output<OutT>(p.c, row * p.ldc + col), v);
+          store_output<OutT>(p.d, row * p.ldd + col, v);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace fused_gemm
+
+template <int BM, int BN>
+int fused_gemm_can_implement(const uint8_t* a_codes, const uint8_t* a_scale, const uint8_t* b_codes,
+                             const uint8_t* b_scale, const void* c, void* d, const float* row_amax,
+                             const float* col_amax, float alpha, float beta, int64_t m, int64_t n, int64_t k,
+                             int64_t lda, int64_t lda_scale, int64_t ldb, int64_t ldb_scale, int64_t ldc,
+                             int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace) {
+  (void)alpha, (void)workspace;
+  if (m < 0 || n < 0 || k <= 0 || k % fused_gemm::kTileK != 0 || k / fused_gemm::kTileK > INT32_MAX)
+    return kInvalidProblem;
+  if ((m + BM - 1) / BM > 65535 || (n + BN - 1) / BN > INT32_MAX) return kInvalidProblem;  // grid limits
+  if (row_amax == nullptr || col_amax == nullptr || d == nullptr || (beta != 0.0f && c == nullptr))
+    return kInvalidProblem;
+  (void)row_is_vector, (void)col_is_vector, (void)ldc, (void)ldd;
+  // cp.async moves 16-byte chunks of codes and 4-byte words of scales
+  if (!aligned(a_codes, 16) || !aligned(b_codes, 16) || lda % 16 != 0 || ldb % 16 != 0) return kMisaligned;
+  if (!aligned(a_scale, 4) || !aligned(b_scale, 4) || lda_scale % 4 != 0 || ldb_scale % 4 != 0) return kMisaligned;
+  return kOk;
+}
+
+template <int BM, int BN, class OutT>
+int fused_gemm_run(const uint8_t* a_codes, const uint8_t* a_scale, const uint8_t* b_codes, const uint8_t* b_scale,
+                   const void* c, void* d, const float* row_amax, const float* col_amax, float alpha, float beta,
+                   int64_t m, int64_t n, int64_t k, int64_t lda, int64_t lda_scale, int64_t ldb, int64_t ldb_scale,
+                   int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace,
+                   cudaStream_t stream) {
+  const int status = fused_gemm_can_implement<BM, BN>(a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax,
+                                                      alpha, beta, m, n, k, lda, lda_scale, ldb, ldb_scale, ldc,
+                                                      ldd, row_is_vector, col_is_vector, workspace);
+  if (status != kOk) return status;
+  if (m == 0 || n == 0) return kOk;
+  using T = fused_gemm::Tile<BM, BN>;
+  auto kernel = fused_gemm::gemm_kernel<BM, BN, OutT>;
+  // above 48 KB of dynamic shared memory a kernel must opt in (a per-function attribute, not a stream op)
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
+  const fused_gemm::Params params{a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, alpha, beta,
+                                  m, n, k, lda, lda_scale, ldb, ldb_scale, ldc, ldd,
+                                  row_is_vector != 0, col_is_vector != 0};
+  const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM));
+  kernel<<<grid, fused_gemm::kThreads, T::kSmemBytes, stream>>>(params);
+  return launch_status();
+}
+
+}  // namespace fp4gen
