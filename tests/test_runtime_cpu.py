@@ -138,10 +138,10 @@ def test_gemm_tile_choice_follows_m():
     assert chosen(17).endswith("fused_bf16out_t32x64x64_sm90a") and chosen(65).endswith("t128x64x64_sm90a")
     assert chosen(128).endswith("fused_bf16out_t128x64x64_sm90a")
     # beyond, the wgmma tiles: the tallest no taller than M
-    assert chosen(129).endswith("t64x128x64_pingpong_sm90a") and chosen(255).endswith("t64x128x64_pingpong_sm90a")
-    assert chosen(256).endswith("t128x256x64_coop_sm90a") and chosen(8192).endswith("t128x256x64_coop_sm90a")
-    # the fused kernels take whole 64-element k-tiles; K = 16 (mod 64) goes to the wgmma GEMM
+    assert chosen(129).endswith("t128x256x64_coop_sm90a") and chosen(8192).endswith("t128x256x64_coop_sm90a")
+    # the fused kernels take whole 64-element k-tiles; otherwise small M gets the 64-row wgmma tile
     assert chosen(16, cols=48).endswith("t64x128x64_pingpong_sm90a")
+    assert chosen(200, cols=48).endswith("t128x256x64_coop_sm90a")
 
 
 def test_fused_gemm_alignment_rules_fall_back_to_the_wgmma_gemm():
