@@ -32,7 +32,8 @@ from codegen import tables  # noqa: E402
 from codegen.errors import SpecError  # noqa: E402
 from codegen.ninja import CompileJob, build_seconds, run_ninja, write_ninja  # noqa: E402
 from codegen.render import MANIFEST, check_generated, render_all, variants_by_name, load_specs, write_generated  # noqa: E402
-from codegen.toolchain import ToolchainError, cache_key, cache_root, default_jobs, discover, header_digests  # noqa: E402
+from codegen.toolchain import (ToolchainError, cache_key, cache_root, default_jobs, discover,  # noqa: E402
+                               included_header_digests)
 
 BUILD_DIR = ROOT / "build"
 INDEX = "index.json"  # in the lib dir: kernel -> the source and header digests its library was built from
@@ -90,7 +91,7 @@ def _library_loads(path: Path) -> bool:
         return False
 
 
-def _publish(jobs, manifest, headers_sha256) -> None:
+def _publish(jobs, manifest) -> None:
     """Copy each library into the lib dir atomically and record which sources it was built from."""
     out = lib_dir()
     out.mkdir(parents=True, exist_ok=True)
@@ -100,13 +101,15 @@ def _publish(jobs, manifest, headers_sha256) -> None:
     except (OSError, ValueError):
         index = {}  # absent or unreadable: rebuilt from this run
     # keep entries of kernels not built this time only while they still match the manifest
-    index = {k: v for k, v in index.items() if k in manifest and v.get("headers_sha256") == headers_sha256
+    index = {k: v for k, v in index.items() if k in manifest
+             and v.get("headers_sha256") == manifest[k]["headers_sha256"]
              and v.get("source_sha256") == manifest[k]["source_sha256"]}
     for job in jobs:
         tmp = out / f".{job.name}.{uuid.uuid4().hex}.tmp"
         shutil.copy2(job.library, tmp)
         os.replace(tmp, out / f"{job.name}.so")
-        index[job.name] = {"source_sha256": manifest[job.name]["source_sha256"], "headers_sha256": headers_sha256,
+        index[job.name] = {"source_sha256": manifest[job.name]["source_sha256"],
+                           "headers_sha256": manifest[job.name]["headers_sha256"],
                            "cache_entry": str(job.entry), "arch": job.arch}
     tmp = out / f".{INDEX}.{uuid.uuid4().hex}.tmp"
     tmp.write_text(json.dumps(dict(sorted(index.items())), indent=2) + "\n")
@@ -117,14 +120,15 @@ def cmd_build(args, files) -> int:
     toolchain = discover(ROOT)
     manifest_doc = json.loads(files[MANIFEST])
     manifest = manifest_doc["kernels"]
-    headers = header_digests(toolchain.fp4gen_include)
     cache = cache_root()
     pattern = re.compile(args.filter) if args.filter else None
-    jobs = []
+    jobs, headers = [], {}
     for name, entry in manifest.items():
         if entry["arch"] not in args.arch or (pattern and not pattern.search(name)):
             continue
-        key = cache_key(files[f"{name}.cu"], entry["arch"], toolchain, headers)
+        source = files[f"{name}.cu"]
+        headers[name] = included_header_digests(source, toolchain.fp4gen_include)
+        key = cache_key(source, entry["arch"], toolchain, headers[name])
         jobs.append(CompileJob(name, entry["arch"], ROOT / "generated" / f"{name}.cu", cache / f"{name}.{key[:16]}",
                                tuple(toolchain.flags(entry["arch"]))))
     if not jobs:
@@ -147,18 +151,22 @@ def cmd_build(args, files) -> int:
             build_file = BUILD_DIR / "build.ninja"
             write_ninja(build_file, toolchain.nvcc, toolchain.include_flags(), missing, cache / "tmp")
             ok = run_ninja(build_file, n_jobs) == 0
-            if header_digests(toolchain.fp4gen_include) != headers:
-                # the cache keys were computed from the headers as they were when the build started
-                for job in missing:
-                    shutil.rmtree(job.entry, ignore_errors=True)
-                print("error: templates/include changed while compiling; rerun python build.py", file=sys.stderr)
+            # the cache keys hold the headers as they were when the build started: a library compiled while
+            # one of its headers changed may hold either version, so it is dropped
+            edited = [job for job in missing
+                      if included_header_digests(files[f"{job.name}.cu"], toolchain.fp4gen_include) != headers[job.name]]
+            for job in edited:
+                shutil.rmtree(job.entry, ignore_errors=True)
+            if edited:
+                print(f"error: headers of {len(edited)} kernels changed while compiling ({edited[0].name}, ...); "
+                      f"rerun python build.py", file=sys.stderr)
                 return 1
             if not ok:
                 print("build failed: the nvcc errors are above. Fix the spec or template and rerun python build.py",
                       file=sys.stderr)
                 return 1
         seconds = build_seconds(BUILD_DIR)
-        _publish(jobs, manifest, manifest_doc["headers_sha256"])
+        _publish(jobs, manifest)
     built = {job.name for job in missing}
     print(f"\n{'kernel':<48} {'arch':<7} {'status':<7} {'seconds':>8}")
     for job in jobs:

@@ -203,6 +203,7 @@ FAMILIES = {
             Param("lda_scale", "int64_t"),
             Param("ldb", "int64_t"),
             Param("ldb_scale", "int64_t"),
+            Param("split_k", "int64_t"),  # CTAs per output tile along K (>= 1); > 1 needs the workspace
             *_GEMM_OUTPUT_PARAMS,
         ),
         # whole 64-element k-tiles; cp.async moves 16-byte chunks of codes and 4-byte words of scales

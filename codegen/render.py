@@ -15,7 +15,7 @@ from . import tables
 from .errors import SpecError
 from .naming import kernel_name
 from .spec import expand, load_spec
-from .toolchain import header_digests
+from .toolchain import digest_of, included_header_digests
 
 GENERATOR_VERSION = 1
 MANIFEST = "manifest.json"
@@ -73,7 +73,7 @@ def _context(name: str, variant) -> dict:
 
 
 
-def _manifest_entry(name: str, variant, source: str) -> dict:
+def _manifest_entry(name: str, variant, source: str, headers_sha256: str) -> dict:
     spec, family = variant.spec, variant.spec.family
     values = dict(variant.values)
     return {
@@ -89,6 +89,8 @@ def _manifest_entry(name: str, variant, source: str) -> dict:
         "spec_sha256": spec.sha256,
         "source": f"generated/{name}.cu",
         "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
+        # the fp4gen headers it includes: an edit of one of them makes this entry (and its library) stale
+        "headers_sha256": headers_sha256,
         "symbols": {fn: f"{name}_{fn}" for fn in ("can_implement", "workspace_size", "run")},
         "params": [[p.name, p.ctype, p.kind] for p in family.params],
         "constraints": family.constraints,
@@ -99,16 +101,15 @@ def _manifest_entry(name: str, variant, source: str) -> dict:
 def render_all(root: Path, specs_dir: Path | None = None) -> dict:
     """filename (relative to generated/) -> text, for every kernel and the manifest."""
     env = _environment(root / "templates")
+    include_dir = root / "templates" / "include"
     files, manifest = {}, {}
     for name, variant in variants_by_name(load_specs(root, specs_dir)).items():
         source = env.get_template(variant.spec.family.template).render(**_context(name, variant))
         files[f"{name}.cu"] = source
-        manifest[name] = _manifest_entry(name, variant, source)
-    # the device headers are part of every library: a header edit makes the manifest (and so the
-    # published libraries, which record this digest) stale
-    headers = hashlib.sha256(json.dumps(header_digests(root / "templates" / "include"), sort_keys=True).encode())
-    files[MANIFEST] = json.dumps({"generator_version": GENERATOR_VERSION, "headers_sha256": headers.hexdigest(),
-                                  "kernels": manifest}, sort_keys=True, indent=2) + "\n"
+        manifest[name] = _manifest_entry(name, variant, source,
+                                         digest_of(included_header_digests(source, include_dir)))
+    files[MANIFEST] = json.dumps({"generator_version": GENERATOR_VERSION, "kernels": manifest}, sort_keys=True,
+                                 indent=2) + "\n"
     return files
 
 

@@ -8,6 +8,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -90,10 +91,29 @@ def discover(root: Path) -> Toolchain:
                      (root / "templates" / "include").resolve())
 
 
-def header_digests(include_dir: Path) -> dict:
-    """sha256 of every fp4gen device header; any header change invalidates every kernel (conservative)."""
-    return {str(p.relative_to(include_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(include_dir.rglob("*")) if p.is_file()}
+_FP4GEN_INCLUDE = re.compile(r'^\s*#\s*include\s+"(fp4gen/[^"]+)"', re.MULTILINE)
+
+
+def included_header_digests(source: str, include_dir: Path) -> dict:
+    """sha256 of each fp4gen header `source` includes, directly or through other fp4gen headers: a header
+    edit rebuilds the kernels that include it and no others. (CUTLASS and CUDA headers are covered by
+    their versions in the cache key.)"""
+    digests, pending = {}, _FP4GEN_INCLUDE.findall(source)
+    while pending:
+        name = pending.pop()
+        if name in digests:
+            continue
+        path = include_dir / name
+        if not path.is_file():
+            raise ToolchainError(f"{name} is included but does not exist under {include_dir}")
+        text = path.read_bytes()
+        digests[name] = hashlib.sha256(text).hexdigest()
+        pending += _FP4GEN_INCLUDE.findall(text.decode())
+    return dict(sorted(digests.items()))
+
+
+def digest_of(headers: dict) -> str:
+    return hashlib.sha256(json.dumps(headers, sort_keys=True).encode()).hexdigest()
 
 
 def cache_key(source: str, arch: str, toolchain: Toolchain, headers: dict) -> str:

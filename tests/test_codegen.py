@@ -130,6 +130,22 @@ def test_a_header_edit_makes_the_manifest_stale(tmp_path):
     assert result.returncode == 1 and "differs: generated/manifest.json" in result.stdout
 
 
+def test_a_header_edit_stales_only_the_kernels_that_include_it(tmp_path):
+    project = copy_project(tmp_path)
+    before = json.loads((project / "generated/manifest.json").read_text())["kernels"]
+    header = project / "templates/include/fp4gen/gemm_fused_dequant.cuh"  # included by the fused GEMMs only
+    header.write_text(header.read_text() + "// changed\n")
+    assert run_build_py(project, "--render-only").returncode == 0
+    after = json.loads((project / "generated/manifest.json").read_text())["kernels"]
+    changed = {name for name in before if before[name]["headers_sha256"] != after[name]["headers_sha256"]}
+    assert changed == {name for name, k in before.items() if k["family"] == "gemm_fused_dequant"}
+    shared = project / "templates/include/fp4gen/abi.h"  # included by every kernel, through other headers too
+    shared.write_text(shared.read_text() + "// changed\n")
+    assert run_build_py(project, "--render-only").returncode == 0
+    final = json.loads((project / "generated/manifest.json").read_text())["kernels"]
+    assert all(final[name]["headers_sha256"] != after[name]["headers_sha256"] for name in after)
+
+
 def test_adding_a_variant_is_a_yaml_edit(tmp_path):
     project = copy_project(tmp_path)
     (project / "codegen/specs/dequantize_extra.yaml").write_text(

@@ -55,7 +55,7 @@ def test_unbuilt_kernel_names_itself_and_the_build_command(monkeypatch, tmp_path
 
 
 def _index(entry, **overrides):
-    record = {"source_sha256": entry["source_sha256"], "headers_sha256": MANIFEST["headers_sha256"]}
+    record = {"source_sha256": entry["source_sha256"], "headers_sha256": entry["headers_sha256"]}
     record.update(overrides)
     return {entry["name"]: record}
 
@@ -144,6 +144,15 @@ def test_gemm_tile_choice_follows_m():
     assert chosen(200, cols=48).endswith("t128x256x64_coop_sm90a")
 
 
+def test_split_k_fills_the_gpu_for_small_m_only():
+    from fp4gen.cuda.select import split_k
+    assert split_k(16, 64, 16, 8192, 128, 132) == 3  # 128 tiles: three CTAs per tile give two per SM
+    assert split_k(128, 64, 128, 8192, 128, 132) == 3
+    assert split_k(16, 64, 16, 64, 128, 132) == 8  # one tile: capped at 8 splits
+    assert split_k(16, 64, 16, 8192, 12, 132) == 1  # 12 k-tiles: a split needs at least 8
+    assert split_k(128, 64, 128, 65536, 128, 132) == 1  # enough tiles already
+
+
 def test_fused_gemm_alignment_rules_fall_back_to_the_wgmma_gemm():
     pointers = {"a_codes": 0x1008, "a_scale": 0x2000, "b_codes": 0x3000, "b_scale": 0x4000}
     name = select(_problem(op="gemm", rows=16, cols=256, pointers=pointers), MANIFEST)
@@ -176,8 +185,12 @@ def test_built_fused_gemm_library_checks_problems(name):
     kernel = library.load_kernel(name)
     m, n, k = 100, 200, 128
     ok = (0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x50000, 0x60000, 0x70000, 1.0, 0.0, m, n, k, k // 2, k // 16,
-          k // 2, k // 16, n, n, 1, 0, None)
-    assert kernel.can_implement(*ok) == 0
+          k // 2, k // 16, 1, n, n, 1, 0, None)
+    assert kernel.can_implement(*ok) == 0 and kernel.workspace_size(*ok) == 0
+    split = ok[:17] + (2,) + ok[18:22] + (0x80000,)
+    assert kernel.can_implement(*split) == 0 and kernel.workspace_size(*split) == 2 * m * n * 4
+    assert kernel.can_implement(*split[:22], None) == 1  # split K without a workspace for the partial sums
+    assert kernel.can_implement(*ok[:17], 3, *ok[18:]) == 1  # more splits than the 2 k-tiles
     assert kernel.can_implement(0x10008, *ok[1:]) == 2  # codes not 16-byte aligned
     assert kernel.can_implement(*ok[:3], 0x40002, *ok[4:]) == 2  # scales not 4-byte aligned
     assert kernel.can_implement(*ok[:13], 72, *ok[14:]) == 2  # code rows of 72 bytes break 16-byte chunks

@@ -23,9 +23,10 @@ def _build_hint(entry: dict) -> str:
 class Kernel:
     """One built kernel library; `run(*args)` launches it on the given stream and raises on failure."""
 
-    def __init__(self, entry: dict, headers_sha256: str):
+    def __init__(self, entry: dict):
         self.name = entry["name"]
         self.family = entry["family"]
+        self.facts = entry.get("facts", {})
         path = lib_dir() / f"{self.name}.so"
         if not path.exists():
             raise BuildError(f"kernel {self.name} is declared in generated/manifest.json but not built "
@@ -34,7 +35,8 @@ class Kernel:
             built = json.loads((lib_dir() / INDEX).read_text()).get(self.name, {})
         except (OSError, ValueError):
             built = {}
-        if built.get("source_sha256") != entry["source_sha256"] or built.get("headers_sha256") != headers_sha256:
+        if (built.get("source_sha256") != entry["source_sha256"]
+                or built.get("headers_sha256") != entry["headers_sha256"]):
             raise BuildError(f"the built library {path} is stale: generated/{self.name}.cu or its headers changed "
                              f"since it was built; {_build_hint(entry)}")
         try:
@@ -76,4 +78,4 @@ def load_kernel(name: str) -> Kernel:
     manifest = load_manifest()
     if name not in manifest["kernels"]:
         raise BuildError(f"kernel {name} is not in generated/manifest.json; run `python build.py`")
-    return Kernel(manifest["kernels"][name], manifest["headers_sha256"])
+    return Kernel(manifest["kernels"][name])

@@ -10,7 +10,7 @@ from ..formats import NVFP4Data
 from ..swizzle import swizzle_scales
 from .library import load_kernel
 from .manifest import load_manifest
-from .select import Problem, select
+from .select import Problem, select, split_k
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -20,6 +20,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
 @functools.lru_cache(maxsize=None)
 def _capability(device_index: int) -> tuple:
     return tuple(torch.cuda.get_device_capability(device_index))
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _problem(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointers=None, values=None,
@@ -135,7 +140,7 @@ def _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor
 GEMM_ALPHA = 1.0 / (2688.0 * 2688.0)
 
 
-def _bf16_operands(a: NVFP4Data, b: NVFP4Data, n_run: int) -> tuple:
+def _bf16_operands(a: NVFP4Data, b: NVFP4Data, n_run: int, kernel) -> tuple:
     """Hopper: both operands' block-scaled values (E2M1 x E4M3, exact in bf16) in scratch; B gets zero
     rows up to n_run. Returns (tensors to keep alive, the pointer arguments, the row-stride arguments)."""
     a16 = dequantize(a, torch.bfloat16, with_amax=False)
@@ -147,7 +152,7 @@ def _bf16_operands(a: NVFP4Data, b: NVFP4Data, n_run: int) -> tuple:
     return (a16, b16), (a16.data_ptr(), b16.data_ptr()), (a16.stride(0), b16.stride(0))
 
 
-def _blockscaled_operands(a: NVFP4Data, b: NVFP4Data, n_run: int) -> tuple:
+def _blockscaled_operands(a: NVFP4Data, b: NVFP4Data, n_run: int, kernel) -> tuple:
     """Blackwell: the packed codes as they are and the scales in the 128x4 swizzled layout; B gets zero
     rows (codes and scales) up to n_run. Returns (tensors to keep alive, the pointer arguments a, b, sfa,
     sfb, no row-stride arguments). Never run: no Blackwell GPU was available."""
@@ -163,11 +168,14 @@ def _blockscaled_operands(a: NVFP4Data, b: NVFP4Data, n_run: int) -> tuple:
     return (b_data, sfa, sfb), (a.data.data_ptr(), b_data.data_ptr(), sfa.data_ptr(), sfb.data_ptr()), ()
 
 
-def _packed_operands(a: NVFP4Data, b: NVFP4Data, n_run: int) -> tuple:
-    """The fused Hopper GEMM: codes and scales as they are, with their row strides in bytes."""
+def _packed_operands(a: NVFP4Data, b: NVFP4Data, n_run: int, kernel) -> tuple:
+    """The fused Hopper GEMM: codes and scales as they are, with their row strides in bytes, and the number
+    of CTAs that split K (select.split_k)."""
     a_scale, b_scale = a.scale.view(torch.uint8), b.scale.view(torch.uint8)
+    splits = split_k(kernel.facts["tile_m"], kernel.facts["tile_n"], a.shape[0], n_run, a.shape[1] // 64,
+                     _multiprocessors(a.device.index))
     return ((), (a.data.data_ptr(), a_scale.data_ptr(), b.data.data_ptr(), b_scale.data_ptr()),
-            (a.data.stride(0), a_scale.stride(0), b.data.stride(0), b_scale.stride(0)))
+            (a.data.stride(0), a_scale.stride(0), b.data.stride(0), b_scale.stride(0), splits))
 
 
 # How each GEMM family takes its operands, and whether its TMA epilogue needs N padded to 16 bytes of output.
@@ -197,7 +205,7 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
     align = 16 // torch.empty(0, dtype=out_dtype).element_size() if pads_n else 1
     n_run = -(-n // align) * align
     # scratch must stay referenced until the launch is queued, or the allocator could hand its memory to d
-    scratch, operand_ptrs, operand_strides = operands(a, b, n_run)
+    scratch, operand_ptrs, operand_strides = operands(a, b, n_run, kernel)
     col_amax = b.amax.contiguous()
     if b.row_scaled and n_run != n:
         col_amax = torch.cat([col_amax, col_amax.new_ones(n_run - n)])

@@ -77,3 +77,12 @@ def select(problem: Problem, manifest: dict) -> str:
             return kernel["name"]
         reasons += violations
     raise ValueError(f"no kernel can take {problem.describe()}: " + "; ".join(reasons))
+
+
+def split_k(tile_m: int, tile_n: int, m: int, n: int, k_tiles: int, multiprocessors: int) -> int:
+    """CTAs per output tile along K for the fused GEMM. Small M gives few output tiles, and a CTA keeps
+    only its own loads in flight, so K is split until there are two CTAs per multiprocessor; each split
+    keeps at least 8 k-tiles, and there are at most 8 (each costs 4 bytes of partial sums per output)."""
+    tiles = -(-m // tile_m) * -(-n // tile_n)
+    wanted = -(-2 * multiprocessors // tiles)
+    return max(1, min(wanted, 8, k_tiles // 8))

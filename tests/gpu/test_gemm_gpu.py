@@ -174,3 +174,18 @@ def test_fused_gemm_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert rel_err(d, dequantize_f64(new) @ dequantize_f64(b).t()) < 1e-2
+
+
+@pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
+def test_fused_gemm_split_k_is_right_and_deterministic(out_dtype, tol):
+    from fp4gen.cuda.ops import _multiprocessors
+    from fp4gen.cuda.select import split_k
+    a, b = operand(100, 2048, True, 26), operand(4096, 2048, False, 27)
+    kernel = chosen_kernel(a, b, out_dtype)
+    splits = split_k(kernel.facts["tile_m"], kernel.facts["tile_n"], 100, 4096, 2048 // 64, _multiprocessors(0))
+    assert kernel.family == "gemm_fused_dequant" and splits > 1
+    base = torch.randn(100, 4096, device="cuda").to(out_dtype)
+    first = fp4gen.gemm(a, b, out=base.clone(), accumulate=True)
+    second = fp4gen.gemm(a, b, out=base.clone(), accumulate=True)
+    assert torch.equal(first, second)  # partial sums are added in a fixed order
+    assert rel_err(first, dequantize_f64(a) @ dequantize_f64(b).t() + base.double()) < tol

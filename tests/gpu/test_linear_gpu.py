@@ -68,8 +68,11 @@ def test_inductor_compiled_training_step_matches_eager():
         loss = model(x).float().square().mean()
         loss.backward()
         losses.append(loss.item())
-    # Inductor fuses GELU differently, and a last-bit change before a quantization can move an NVFP4 code,
-    # so eager and compiled agree within NVFP4 noise rather than bit for bit
+    # Inductor computes GELU and its gradient in fp32 where eager rounds to bf16 in between. One changed
+    # last bit can move a per-tensor amax, and with it every block scale of dY: the compiled step then sees
+    # another draw of NVFP4 noise (0.11 relative on the first layer's dW was seen on the H200). Missing or
+    # misrouted gradients give 1 or more, so the bound below still catches them.
     assert abs(losses[0] - losses[1]) <= 1e-2 * abs(losses[0])
-    for p_eager, p_compiled in zip(eager.parameters(), compiled_model.parameters()):
-        assert p_compiled.grad is not None and rel(p_compiled.grad, p_eager.grad) < 2e-2
+    errors = [rel(p_compiled.grad, p_eager.grad) if p_compiled.grad is not None else float("inf")
+              for p_eager, p_compiled in zip(eager.parameters(), compiled_model.parameters())]
+    assert max(errors) < 0.25, errors

@@ -6,12 +6,17 @@
 // separate pass wrote (4 bytes of traffic per element, plus 0.5 to read the codes); this kernel reads the
 // 0.5625 bytes of codes and scales once, so one tile row covering M streams B at close to DRAM speed.
 //
-// Per k-tile of 64 elements: cp.async stages the codes and scales of the CTA's A and B rows (kStages
+// Per k-tile of 64 elements: cp.async stages the codes and scales of the CTA's A and B rows (several
 // tiles in flight); all threads dequantize the staged tile once into fp16 shared memory; warps multiply it
 // with ldmatrix + mma.sync (fp16 in, fp32 accumulate). e2m1 * e4m3 has at most 6 significant bits and lies
 // in [2^-10, 2688], so it is exact in fp16: the result equals the NVFP4 product up to summation order.
+//
+// Small M gives few CTAs (one per 64 columns), too few to keep enough bytes in flight. The caller may split
+// K over split_k CTAs per tile: each writes its fp32 partial sums to the workspace, and a second kernel adds
+// them in a fixed order (deterministic) and applies the epilogue.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -30,7 +35,6 @@ constexpr int kTileK = 64;                   // elements per k-tile: four NVFP4 
 constexpr int kCodeBytes = kTileK / 2;       // packed codes per row and k-tile
 constexpr int kScaleBytes = kTileK / 16;     // E4M3 block scales per row and k-tile
 constexpr int kHalfRowBytes = kTileK * 2;    // one row of the k-tile in fp16: eight 16-byte chunks
-constexpr int kStages = 4;                   // staged k-tiles in flight
 // Each operand's fp16 values carry a factor 2^-14 (see decode8); the accumulator carries their product.
 constexpr float kAccumulatorUnscale = 0x1p28f;
 
@@ -43,6 +47,8 @@ struct Tile {
   static constexpr int kMmaM = kWarpM / 16, kMmaN = kWarpN / 8;
   static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "a warp tile is whole 16x16 ldmatrix/mma steps");
   static constexpr int kStageBytes = kRows * (kCodeBytes + kScaleBytes);
+  // staged k-tiles in flight: small tiles stage few bytes each, so they keep more tiles in flight
+  static constexpr int kStages = kStageBytes <= 4096 ? 8 : 4;
   static constexpr int kHalfBytes = kRows * kHalfRowBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kHalfBytes;  // fp16 tile double-buffered
 };
@@ -61,7 +67,10 @@ struct Params {
   int64_t lda, lda_scale, ldb, ldb_scale;  // bytes
   int64_t ldc, ldd;                        // elements
   bool row_is_vector, col_is_vector;
+  int split_k;                             // > 1: partial sums to `partials` [split_k, m, n], no epilogue
+  float* partials;
 };
+
 
 // 4 bytes through L1 (cp.async.cg only moves 16); `valid` false zero-fills.
 __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
@@ -131,16 +140,31 @@ __device__ __forceinline__ void store_output(void* base, int64_t index, float va
   }
 }
 
+// The epilogue of one output element, in the order of the wgmma family's visitor tree
+// (bilateral_epilogue.hpp); `acc` is the plain NVFP4 dot product.
+template <class OutT>
+__device__ __forceinline__ void store_epilogue(const Params& p, int64_t row, int64_t col, float acc) {
+  const float row_amax = p.row_amax[p.row_is_vector ? row : 0];
+  const float col_amax = p.col_amax[p.col_is_vector ? col : 0];
+  float v = __fmul_rn(p.alpha, __fmul_rn(row_amax, __fmul_rn(col_amax, acc)));
+  if (p.beta != 0.0f) v = __fmaf_rn(p.beta, load_output<OutT>(p.c, row * p.ldc + col), v);
+  store_output<OutT>(p.d, row * p.ldd + col, v);
+}
+
 template <int BM, int BN, class OutT>
 __global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
   using T = Tile<BM, BN>;
   extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int kStages = T::kStages;
   uint8_t* const stages = smem;                          // kStages x [codes kRows x 32 | scales kRows x 4]
   uint8_t* const halves = smem + kStages * T::kStageBytes;  // 2 x [kRows x 128] fp16, A's rows first
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * BM, n0 = static_cast<int64_t>(blockIdx.x) * BN;
-  const int k_tiles = static_cast<int>(p.k / kTileK);
+  // this CTA's share of the k-tiles: split blockIdx.z of split_k, as even as possible
+  const int all_k_tiles = static_cast<int>(p.k / kTileK);
+  const int k_first = static_cast<int>(static_cast<int64_t>(all_k_tiles) * blockIdx.z / p.split_k);
+  const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (blockIdx.z + 1) / p.split_k) - k_first;
 
   // Staged row r: A row m0 + r for r < BM, else B row n0 + r - BM; rows past M or N are zero-filled, and
   // zero codes with zero scales dequantize to 0.
@@ -155,7 +179,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
       const bool is_a = row < BM;
       const int64_t g = is_a ? m0 + row : n0 + (row - BM);
       const bool valid = g < (is_a ? p.m : p.n);
-      const uint8_t* src = (is_a ? p.a_codes + g * p.lda : p.b_codes + g * p.ldb) + kt * kCodeBytes + chunk * 16;
+      const uint8_t* src =
+          (is_a ? p.a_codes + g * p.lda : p.b_codes + g * p.ldb) + (k_first + kt) * kCodeBytes + chunk * 16;
       cp_async_16(codes + row * kCodeBytes + chunk * 16, valid ? src : p.a_codes, valid);
     }
 #pragma unroll
@@ -165,7 +190,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
       const bool is_a = row < BM;
       const int64_t g = is_a ? m0 + row : n0 + (row - BM);
       const bool valid = g < (is_a ? p.m : p.n);
-      const uint8_t* src = (is_a ? p.a_scale + g * p.lda_scale : p.b_scale + g * p.ldb_scale) + kt * kScaleBytes;
+      const uint8_t* src =
+          (is_a ? p.a_scale + g * p.lda_scale : p.b_scale + g * p.ldb_scale) + (k_first + kt) * kScaleBytes;
       cp_async_4(scales + row * kScaleBytes, valid ? src : p.a_scale, valid);
     }
   };
@@ -241,48 +267,73 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
     multiply_k_tile(half_tile);
   }
 
-  // Epilogue, in the order of the wgmma family's visitor tree (bilateral_epilogue.hpp). The accumulator
-  // fragment of an m16n8 tile: rows lane/4 and lane/4 + 8, columns 2 * (lane % 4) and the next.
+  // The accumulator fragment of an m16n8 tile: rows lane/4 and lane/4 + 8, columns 2 * (lane % 4) and
+  // the next.
   const int group = lane >> 2, pair = (lane & 3) * 2;
+  float* const partials = p.partials + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
 #pragma unroll
   for (int mt = 0; mt < T::kMmaM; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int64_t row = m0 + warp_m * T::kWarpM + mt * 16 + group + half * 8;
       if (row >= p.m) continue;
-      const float row_amax = p.row_amax[p.row_is_vector ? row : 0];
 #pragma unroll
       for (int nt = 0; nt < T::kMmaN; ++nt) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int64_t col = n0 + warp_n * T::kWarpN + nt * 8 + pair + e;
           if (col >= p.n) continue;
-          const float col_amax = p.col_amax[p.col_is_vector ? col : 0];
-          float v = acc[mt][nt][half * 2 + e] * kAccumulatorUnscale;  // exact: a power of two
-          v = __fmul_rn(p.alpha, __fmul_rn(row_amax, __fmul_rn(col_amax, v)));
-          if (p.beta != 0.0f) v = __fmaf_rn(p.beta, load_output<OutT>(p.c, row * p.ldc + col), v);
-          store_output<OutT>(p.d, row * p.ldd + col, v);
+          const float acc_value = acc[mt][nt][half * 2 + e] * kAccumulatorUnscale;  // exact: a power of two
+          if (p.split_k == 1) {
+            store_epilogue<OutT>(p, row, col, acc_value);
+          } else {
+            partials[row * p.n + col] = acc_value;
+          }
         }
       }
     }
   }
 }
 
+// Split K: the partial sums of each output element, added in split order, then the epilogue.
+template <class OutT>
+__global__ void __launch_bounds__(256) split_k_epilogue_kernel(const Params p) {
+  const int64_t elements = p.m * p.n;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < elements;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float sum = p.partials[i];
+    for (int s = 1; s < p.split_k; ++s) sum += p.partials[s * elements + i];
+    store_epilogue<OutT>(p, i / p.n, i % p.n, sum);
+  }
+}
+
 }  // namespace fused_gemm
 
+// The C ABI of the family (codegen/families.py): every entry point takes the same parameters.
+#define FP4GEN_FUSED_GEMM_PARAMS                                                                               \
+  const uint8_t *a_codes, const uint8_t *a_scale, const uint8_t *b_codes, const uint8_t *b_scale, const void *c, \
+      void *d, const float *row_amax, const float *col_amax, float alpha, float beta, int64_t m, int64_t n,       \
+      int64_t k, int64_t lda, int64_t lda_scale, int64_t ldb, int64_t ldb_scale, int64_t split_k, int64_t ldc,   \
+      int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void *workspace
+
+inline size_t fused_gemm_workspace_size(FP4GEN_FUSED_GEMM_PARAMS) {
+  (void)a_codes, (void)a_scale, (void)b_codes, (void)b_scale, (void)c, (void)d, (void)row_amax, (void)col_amax;
+  (void)alpha, (void)beta, (void)k, (void)lda, (void)lda_scale, (void)ldb, (void)ldb_scale, (void)ldc, (void)ldd;
+  (void)row_is_vector, (void)col_is_vector, (void)workspace;
+  return split_k > 1 && m > 0 && n > 0 ? static_cast<size_t>(split_k * m * n) * sizeof(float) : 0;
+}
+
 template <int BM, int BN>
-int fused_gemm_can_implement(const uint8_t* a_codes, const uint8_t* a_scale, const uint8_t* b_codes,
-                             const uint8_t* b_scale, const void* c, void* d, const float* row_amax,
-                             const float* col_amax, float alpha, float beta, int64_t m, int64_t n, int64_t k,
-                             int64_t lda, int64_t lda_scale, int64_t ldb, int64_t ldb_scale, int64_t ldc,
-                             int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace) {
-  (void)alpha, (void)workspace;
+int fused_gemm_can_implement(FP4GEN_FUSED_GEMM_PARAMS) {
+  (void)alpha, (void)row_is_vector, (void)col_is_vector, (void)ldc, (void)ldd;
   if (m < 0 || n < 0 || k <= 0 || k % fused_gemm::kTileK != 0 || k / fused_gemm::kTileK > INT32_MAX)
     return kInvalidProblem;
   if ((m + BM - 1) / BM > 65535 || (n + BN - 1) / BN > INT32_MAX) return kInvalidProblem;  // grid limits
+  // every split takes at least one k-tile (gridDim.z is at most 65535)
+  if (split_k < 1 || split_k > k / fused_gemm::kTileK || split_k > 65535) return kInvalidProblem;
   if (row_amax == nullptr || col_amax == nullptr || d == nullptr || (beta != 0.0f && c == nullptr))
     return kInvalidProblem;
-  (void)row_is_vector, (void)col_is_vector, (void)ldc, (void)ldd;
+  if (split_k > 1 && m > 0 && n > 0 && workspace == nullptr) return kInvalidProblem;
   // cp.async moves 16-byte chunks of codes and 4-byte words of scales
   if (!aligned(a_codes, 16) || !aligned(b_codes, 16) || lda % 16 != 0 || ldb % 16 != 0) return kMisaligned;
   if (!aligned(a_scale, 4) || !aligned(b_scale, 4) || lda_scale % 4 != 0 || ldb_scale % 4 != 0) return kMisaligned;
@@ -290,14 +341,10 @@ int fused_gemm_can_implement(const uint8_t* a_codes, const uint8_t* a_scale, con
 }
 
 template <int BM, int BN, class OutT>
-int fused_gemm_run(const uint8_t* a_codes, const uint8_t* a_scale, const uint8_t* b_codes, const uint8_t* b_scale,
-                   const void* c, void* d, const float* row_amax, const float* col_amax, float alpha, float beta,
-                   int64_t m, int64_t n, int64_t k, int64_t lda, int64_t lda_scale, int64_t ldb, int64_t ldb_scale,
-                   int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace,
-                   cudaStream_t stream) {
+int fused_gemm_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   const int status = fused_gemm_can_implement<BM, BN>(a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax,
-                                                      alpha, beta, m, n, k, lda, lda_scale, ldb, ldb_scale, ldc,
-                                                      ldd, row_is_vector, col_is_vector, workspace);
+                                                      alpha, beta, m, n, k, lda, lda_scale, ldb, ldb_scale, split_k,
+                                                      ldc, ldd, row_is_vector, col_is_vector, workspace);
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
   using T = fused_gemm::Tile<BM, BN>;
@@ -307,9 +354,15 @@ int fused_gemm_run(const uint8_t* a_codes, const uint8_t* a_scale, const uint8_t
   if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
   const fused_gemm::Params params{a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, alpha, beta,
                                   m, n, k, lda, lda_scale, ldb, ldb_scale, ldc, ldd,
-                                  row_is_vector != 0, col_is_vector != 0};
-  const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM));
+                                  row_is_vector != 0, col_is_vector != 0, static_cast<int>(split_k),
+                                  static_cast<float*>(workspace)};
+  const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
+                  static_cast<unsigned>(split_k));
   kernel<<<grid, fused_gemm::kThreads, T::kSmemBytes, stream>>>(params);
+  if (split_k > 1) {
+    const int64_t blocks = std::min<int64_t>((m * n + 255) / 256, 4096);  // grid-stride beyond
+    fused_gemm::split_k_epilogue_kernel<OutT><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(params);
+  }
   return launch_status();
 }
 
