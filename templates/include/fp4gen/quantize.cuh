@@ -22,8 +22,9 @@ constexpr int kQuantTile = 64, kQuantThreads = 256, kBlocksPerTileRow = kQuantTi
 // Tile coordinates are 32-bit; quantize_can_implement refuses more tiles than this (a 2^42-element tensor).
 constexpr int64_t kMaxQuantTiles = int64_t{1} << 30;
 
-// Persistent CTAs walk the 64x64 tiles (row-major tile order) with two shared-memory buffers: the next
-// tile's cp.async copy is in flight while the current one is encoded.
+// Persistent CTAs, each over a contiguous run of the 64x64 tiles in row-major order, with two shared-memory
+// buffers: the next tile's cp.async copy is in flight while the current one is encoded. Consecutive tiles
+// of a run mostly share their 64 rows, so the rows' global scales are recomputed only when that changes.
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt>
 __global__ void __launch_bounds__(kQuantThreads)
     quantize_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
@@ -40,32 +41,33 @@ __global__ void __launch_bounds__(kQuantThreads)
   __shared__ GlobalScale row_global[kRowwise && kRowScaled ? kQuantTile : 1];
   __shared__ GlobalScale col_global[kColwise && kRowScaled ? kQuantTile : 1];
   const int t = threadIdx.x;
-  // The tile loop advances (tile row, tile column) by the grid stride without a division per tile: a 64-bit
-  // division is a called subroutine of ~25 instructions, and there were two per tile.
+  // (tile row, tile column) advance without a division per tile: a 64-bit division is a called subroutine
+  // of ~25 instructions.
   const int tiles_k = static_cast<int>((cols + kQuantTile - 1) / kQuantTile);
   const int n_tiles = static_cast<int>((rows + kQuantTile - 1) / kQuantTile) * tiles_k;
-  const int step_m = static_cast<int>(gridDim.x) / tiles_k, step_k = static_cast<int>(gridDim.x) % tiles_k;
+  const int cta = blockIdx.x, ctas = gridDim.x, per_cta = n_tiles / ctas, extra = n_tiles % ctas;
+  const int first_tile = cta * per_cta + min(cta, extra), end_tile = first_tile + per_cta + (cta < extra ? 1 : 0);
   auto advance = [&](int& tm, int& tk) {
-    tk += step_k;
-    tm += step_m;
-    if (tk >= tiles_k) tk -= tiles_k, ++tm;
+    if (++tk == tiles_k) tk = 0, ++tm;
   };
   // extents of a tile that lie inside the tensor, at most 64
   auto rows_in = [&](int tm) { return static_cast<int>(std::min<int64_t>(rows - int64_t{tm} * kQuantTile, kQuantTile)); };
   auto cols_in = [&](int tk) { return static_cast<int>(std::min<int64_t>(cols - int64_t{tk} * kQuantTile, kQuantTile)); };
 
   const int cp_row = t / kVecsPerRow, cp_col = (t % kVecsPerRow) * kVec;
-  const int64_t cp_offset = cp_row * x_row_stride + cp_col;
+  // this thread's first source element within a tile, and the distance to its next one
+  const InT* const cp_src = x + cp_row * x_row_stride + cp_col;
+  const int64_t cp_step = kCopyRowStep * x_row_stride;
   // M and K are multiples of 16, so a 16-element block is wholly inside or outside; outside is zero-filled
   auto prefetch = [&](int tm, int tk, int buf) {
-    const InT* src = x + int64_t{tm} * kQuantTile * x_row_stride + int64_t{tk} * kQuantTile + cp_offset;
+    const InT* src = cp_src + int64_t{tm} * (kQuantTile * x_row_stride) + int64_t{tk} * kQuantTile;
     const int rows_left = rows_in(tm);
     const bool col_inside = cp_col < cols_in(tk);
 #pragma unroll
-    for (int i = 0; i < kCopies; ++i) {  // a trip count nvcc can unroll
+    for (int i = 0; i < kCopies; ++i, src += cp_step) {  // a trip count nvcc can unroll
       const int r = cp_row + i * kCopyRowStep;
       const bool inside = col_inside && r < rows_left;
-      cp_async_16(&tile[buf][r][cp_col], inside ? src + i * kCopyRowStep * x_row_stride : x, inside);
+      cp_async_16(&tile[buf][r][cp_col], inside ? src : x, inside);
     }
   };
 
@@ -85,20 +87,20 @@ __global__ void __launch_bounds__(kQuantThreads)
   const int64_t col_data_pitch = rows / 2, col_scale_pitch = rows / 16;
 
   int buf = 0;
-  int tm = static_cast<int>(blockIdx.x) / tiles_k, tk = static_cast<int>(blockIdx.x) % tiles_k;
+  int tm = first_tile / tiles_k, tk = first_tile % tiles_k, scaled_tm = -1;
   int next_tm = tm, next_tk = tk;
   advance(next_tm, next_tk);
-  if (static_cast<int>(blockIdx.x) < n_tiles) prefetch(tm, tk, 0);
+  if (first_tile < end_tile) prefetch(tm, tk, 0);
   cp_async_commit();
-  for (int tile_id = blockIdx.x; tile_id < n_tiles; tile_id += gridDim.x, buf ^= 1) {
-    if (tile_id + static_cast<int>(gridDim.x) < n_tiles) prefetch(next_tm, next_tk, buf ^ 1);
+  for (int tile_id = first_tile; tile_id < end_tile; ++tile_id, buf ^= 1) {
+    if (tile_id + 1 < end_tile) prefetch(next_tm, next_tk, buf ^ 1);
     cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning "the current tile"
     const int64_t m0 = int64_t{tm} * kQuantTile, k0 = int64_t{tk} * kQuantTile;
     const int rows_left = rows_in(tm), cols_left = cols_in(tk);
     // the global scales of the tile's rows and columns, once each, while the copies land
     if constexpr (kRowScaled) {
       if (kRowwise && t < kQuantTile) {
-        row_global[t] = global_scale(row_amax[m0 + (t < rows_left ? t : 0)]);
+        if (tm != scaled_tm) row_global[t] = global_scale(row_amax[m0 + (t < rows_left ? t : 0)]);
       } else if (kColwise && t >= kQuantTile && t < 2 * kQuantTile) {
         const int c = t - kQuantTile;
         col_global[c] = global_scale(col_amax[k0 + (c < cols_left ? c : 0)]);
@@ -158,6 +160,7 @@ __global__ void __launch_bounds__(kQuantThreads)
         *reinterpret_cast<uint2*>(col_data + (k0 + st_col) * col_data_pitch + m0 / 2 + st_blk * 8) =
             col_stage[st_col][st_blk];
     }
+    scaled_tm = tm;
     tm = next_tm, tk = next_tk;
     advance(next_tm, next_tk);
   }
