@@ -17,6 +17,12 @@ struct Element<__nv_bfloat16> {
   static constexpr int kPerVector = 8;
   static constexpr uint32_t kAbsMask = 0x7FFFu;
   static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  // element i of 16-bit elements packed in words: the odd one is its word with the low half cleared (one
+  // LOP3, where nvcc otherwise extracts the half with PRMT and then shifts it)
+  static __device__ __forceinline__ float word_element_to_float(const uint32_t* words, int i) {
+    const uint32_t w = words[i / 2];
+    return __uint_as_float(i % 2 ? w & 0xFFFF0000u : w << 16);
+  }
   // |x| bits, widened to fp32 bits: order-preserving, so NaN > Inf > finite under integer max
   static __device__ __forceinline__ uint32_t abs_bits_as_float_bits(uint32_t abs_bits) { return abs_bits << 16; }
 };
@@ -26,6 +32,9 @@ struct Element<__half> {
   static constexpr int kPerVector = 8;
   static constexpr uint32_t kAbsMask = 0x7FFFu;
   static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ float word_element_to_float(const uint32_t* words, int i) {
+    return __half2float(reinterpret_cast<const __half*>(words)[i]);
+  }
   static __device__ __forceinline__ uint32_t abs_bits_as_float_bits(uint32_t abs_bits) {
     return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(abs_bits))));
   }
@@ -36,6 +45,9 @@ struct Element<float> {
   static constexpr int kPerVector = 4;
   static constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
   static __device__ __forceinline__ float to_float(float v) { return v; }
+  static __device__ __forceinline__ float word_element_to_float(const uint32_t* words, int i) {
+    return __uint_as_float(words[i]);
+  }
   static __device__ __forceinline__ uint32_t abs_bits_as_float_bits(uint32_t abs_bits) { return abs_bits; }
 };
 

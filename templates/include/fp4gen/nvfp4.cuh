@@ -64,10 +64,12 @@ struct BlockEncoding {
 };
 
 // 2.2-2.3 for one block: sdec = E4M3(min(bamax * m, FLT_MAX)), r = min(fl(1 / fl(sdec * S_dec)), FLT_MAX).
+// The min with FLT_MAX is left to the conversion: satfinite sends +Inf to 448 as it does FLT_MAX, and the
+// product is never NaN (bamax ignores NaN and is finite or +Inf; m is finite and positive).
 // sdec is read back through the fp8 -> f16x2 conversion (exact: every E4M3 value is an f16), two
-// instructions instead of decoding the byte's fields; the byte is never NaN (bamax ignores NaN).
+// instructions instead of decoding the byte's fields.
 __device__ __forceinline__ BlockEncoding encode_block_scale(float block_amax, GlobalScale g) {
-  const float v = fminf(__fmul_rn(block_amax, g.encode_times_one_sixth), kFltMax);
+  const float v = __fmul_rn(block_amax, g.encode_times_one_sixth);
   uint16_t pair;  // the E4M3 byte in the low half (cvt puts its second source there), 0 above
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(v));
   uint32_t halves;

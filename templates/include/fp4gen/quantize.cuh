@@ -19,9 +19,12 @@
 namespace fp4gen {
 
 constexpr int kQuantTile = 64, kQuantThreads = 256, kBlocksPerTileRow = kQuantTile / 16;
+// Tile coordinates are 32-bit; quantize_can_implement refuses more tiles than this (a 2^42-element tensor).
+constexpr int64_t kMaxQuantTiles = int64_t{1} << 30;
 
-// Persistent CTAs walk the 64x64 tiles (row-major tile order) with two shared-memory buffers: the next
-// tile's cp.async copy is in flight while the current one is encoded.
+// Persistent CTAs, each over a contiguous run of the 64x64 tiles in row-major order, with two shared-memory
+// buffers: the next tile's cp.async copy is in flight while the current one is encoded. Consecutive tiles
+// of a run mostly share their 64 rows, so the rows' global scales are recomputed only when that changes.
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt>
 __global__ void __launch_bounds__(kQuantThreads)
     quantize_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
@@ -30,51 +33,86 @@ __global__ void __launch_bounds__(kQuantThreads)
                     uint8_t* __restrict__ col_scale) {
   using E = Element<InT>;
   constexpr int kVec = E::kPerVector, kVecsPerRow = kQuantTile / kVec;
+  constexpr int kCopies = kQuantTile * kVecsPerRow / kQuantThreads, kCopyRowStep = kQuantThreads / kVecsPerRow;
+  static_assert(kQuantTile * kVecsPerRow % kQuantThreads == 0, "every thread copies the same number of vectors");
   __shared__ __align__(16) InT tile[2][kQuantTile][kQuantTile];
   __shared__ uint2 col_stage[kColwise ? kQuantTile : 1][kBlocksPerTileRow];
   __shared__ float row_block_max[k2D ? kQuantTile : 1][kBlocksPerTileRow];
-  __shared__ GlobalScale row_global[kRowwise ? kQuantTile : 1], col_global[kColwise ? kQuantTile : 1];
+  // per row / column of the current tile; with tensor scaling, one entry for the whole call
+  __shared__ GlobalScale row_global[kRowwise && kRowScaled ? kQuantTile : 1];
+  __shared__ GlobalScale col_global[kColwise && kRowScaled ? kQuantTile : 1];
   const int t = threadIdx.x;
-  const int64_t tiles_k = (cols + kQuantTile - 1) / kQuantTile;
-  const int64_t n_tiles = ((rows + kQuantTile - 1) / kQuantTile) * tiles_k;
+  // (tile row, tile column) advance without a division per tile: a 64-bit division is a called subroutine
+  // of ~25 instructions.
+  const int tiles_k = static_cast<int>((cols + kQuantTile - 1) / kQuantTile);
+  const int n_tiles = static_cast<int>((rows + kQuantTile - 1) / kQuantTile) * tiles_k;
+  const int cta = blockIdx.x, ctas = gridDim.x, per_cta = n_tiles / ctas, extra = n_tiles % ctas;
+  const int first_tile = cta * per_cta + min(cta, extra), end_tile = first_tile + per_cta + (cta < extra ? 1 : 0);
+  auto advance = [&](int& tm, int& tk) {
+    if (++tk == tiles_k) tk = 0, ++tm;
+  };
+  // extents of a tile that lie inside the tensor, at most 64
+  auto rows_in = [&](int tm) { return static_cast<int>(std::min<int64_t>(rows - int64_t{tm} * kQuantTile, kQuantTile)); };
+  auto cols_in = [&](int tk) { return static_cast<int>(std::min<int64_t>(cols - int64_t{tk} * kQuantTile, kQuantTile)); };
 
+  const int cp_row = t / kVecsPerRow, cp_col = (t % kVecsPerRow) * kVec;
+  // this thread's first source element within a tile, and the distance to its next one
+  const InT* const cp_src = x + cp_row * x_row_stride + cp_col;
+  const int64_t cp_step = kCopyRowStep * x_row_stride;
   // M and K are multiples of 16, so a 16-element block is wholly inside or outside; outside is zero-filled
-  auto prefetch = [&](int64_t tile_id, int buf) {
-    const int64_t m0 = (tile_id / tiles_k) * kQuantTile, k0 = (tile_id % tiles_k) * kQuantTile;
-    static_assert(kQuantTile * kVecsPerRow % kQuantThreads == 0, "every thread copies the same number of vectors");
+  auto prefetch = [&](int tm, int tk, int buf) {
+    const InT* src = cp_src + int64_t{tm} * (kQuantTile * x_row_stride) + int64_t{tk} * kQuantTile;
+    const int rows_left = rows_in(tm);
+    const bool col_inside = cp_col < cols_in(tk);
 #pragma unroll
-    for (int i = 0; i < kQuantTile * kVecsPerRow / kQuantThreads; ++i) {  // a trip count nvcc can unroll
-      const int v = t + i * kQuantThreads, r = v / kVecsPerRow, c = (v % kVecsPerRow) * kVec;
-      const bool inside = m0 + r < rows && k0 + c < cols;
-      cp_async_16(&tile[buf][r][c], inside ? x + (m0 + r) * x_row_stride + k0 + c : x, inside);
+    for (int i = 0; i < kCopies; ++i, src += cp_step) {  // a trip count nvcc can unroll
+      const int r = cp_row + i * kCopyRowStep;
+      const bool inside = col_inside && r < rows_left;
+      cp_async_16(&tile[buf][r][cp_col], inside ? src : x, inside);
     }
   };
+
+  // Tensor scaling: the one global scale is computed once, and kept in shared memory rather than in
+  // registers live across the tile loop (4 more registers cost a CTA per SM). The loop's first barrier
+  // publishes it.
+  if constexpr (!kRowScaled) {
+    if (kRowwise && t == 0) row_global[0] = global_scale(row_amax[0]);
+    if (kColwise && t == 32) col_global[0] = global_scale(col_amax[0]);
+  }
 
   // Thread roles: rowwise block (row t/4, block t%4); columnwise block (column t%64, block t/64); the
   // columnwise store regroups lanes per column (column t/4, block t%4).
   const int rw_row = t / kBlocksPerTileRow, rw_blk = t % kBlocksPerTileRow;
   const int cw_col = t % kQuantTile, cw_blk = t / kQuantTile;
   const int st_col = t / kBlocksPerTileRow, st_blk = t % kBlocksPerTileRow;
+  const int64_t row_data_pitch = cols / 2, row_scale_pitch = cols / 16;
+  const int64_t col_data_pitch = rows / 2, col_scale_pitch = rows / 16;
 
   int buf = 0;
-  if (blockIdx.x < n_tiles) prefetch(blockIdx.x, 0);
+  int tm = first_tile / tiles_k, tk = first_tile % tiles_k, scaled_tm = -1;
+  int next_tm = tm, next_tk = tk;
+  advance(next_tm, next_tk);
+  if (first_tile < end_tile) prefetch(tm, tk, 0);
   cp_async_commit();
-  for (int64_t tile_id = blockIdx.x; tile_id < n_tiles; tile_id += gridDim.x, buf ^= 1) {
-    if (tile_id + gridDim.x < n_tiles) prefetch(tile_id + gridDim.x, buf ^ 1);
+  for (int tile_id = first_tile; tile_id < end_tile; ++tile_id, buf ^= 1) {
+    if (tile_id + 1 < end_tile) prefetch(next_tm, next_tk, buf ^ 1);
     cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning "the current tile"
-    const int64_t m0 = (tile_id / tiles_k) * kQuantTile, k0 = (tile_id % tiles_k) * kQuantTile;
+    const int64_t m0 = int64_t{tm} * kQuantTile, k0 = int64_t{tk} * kQuantTile;
+    const int rows_left = rows_in(tm), cols_left = cols_in(tk);
     // the global scales of the tile's rows and columns, once each, while the copies land
-    if (kRowwise && t < kQuantTile) {
-      row_global[t] = global_scale(row_amax[kRowScaled ? (m0 + t < rows ? m0 + t : 0) : 0]);
-    } else if (kColwise && t >= kQuantTile && t < 2 * kQuantTile) {
-      const int c = t - kQuantTile;
-      col_global[c] = global_scale(col_amax[kRowScaled ? (k0 + c < cols ? k0 + c : 0) : 0]);
+    if constexpr (kRowScaled) {
+      if (kRowwise && t < kQuantTile) {
+        if (tm != scaled_tm) row_global[t] = global_scale(row_amax[m0 + (t < rows_left ? t : 0)]);
+      } else if (kColwise && t >= kQuantTile && t < 2 * kQuantTile) {
+        const int c = t - kQuantTile;
+        col_global[c] = global_scale(col_amax[k0 + (c < cols_left ? c : 0)]);
+      }
     }
     cp_async_wait<1>();
     __syncthreads();
 
-    const bool rw_ok = m0 + rw_row < rows && k0 + rw_blk * 16 < cols;
-    const bool cw_ok = k0 + cw_col < cols && m0 + cw_blk * 16 < rows;
+    const bool rw_ok = rw_row < rows_left && rw_blk * 16 < cols_left;
+    const bool cw_ok = cw_col < cols_left && cw_blk * 16 < rows_left;
     uint32_t rw_words[16 * sizeof(InT) / 4];  // a row block is 16 contiguous elements: read it as 16-byte vectors
 #pragma unroll
     for (int v = 0; v < 16 / kVec; ++v)
@@ -82,7 +120,7 @@ __global__ void __launch_bounds__(kQuantThreads)
           *reinterpret_cast<const uint4*>(&tile[buf][rw_row][rw_blk * 16 + v * kVec]);
     float rw[16];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) rw[i] = E::to_float(reinterpret_cast<const InT*>(rw_words)[i]);
+    for (int i = 0; i < 16; ++i) rw[i] = E::word_element_to_float(rw_words, i);
     const float rw_amax = block_abs_max_words<InT>(rw_words);
     if constexpr (k2D) {  // 16x16 tile amax: max over the 16 row-block maxima of the tile
       row_block_max[rw_row][rw_blk] = rw_amax;
@@ -97,12 +135,12 @@ __global__ void __launch_bounds__(kQuantThreads)
 
     if constexpr (kRowwise) {
       if (rw_ok) {
-        const int64_t grow = m0 + rw_row, gcol = k0 + rw_blk * 16;
+        const int64_t grow = m0 + rw_row;
         const float bamax = k2D ? tile_16x16_max(rw_row / 16, rw_blk) : rw_amax;
-        const BlockEncoding enc = encode_block_scale(bamax, row_global[rw_row]);
-        *reinterpret_cast<uint2*>(row_data + grow * (cols / 2) + gcol / 2) =
+        const BlockEncoding enc = encode_block_scale(bamax, row_global[kRowScaled ? rw_row : 0]);
+        *reinterpret_cast<uint2*>(row_data + grow * row_data_pitch + k0 / 2 + rw_blk * 8) =
             encode_block_codes<kHardwareCvt>(rw, enc.inverse);
-        row_scale[grow * (cols / 16) + gcol / 16] = static_cast<uint8_t>(enc.scale_byte);
+        row_scale[grow * row_scale_pitch + k0 / 16 + rw_blk] = static_cast<uint8_t>(enc.scale_byte);
       }
     }
     if constexpr (kColwise) {
@@ -110,21 +148,23 @@ __global__ void __launch_bounds__(kQuantThreads)
 #pragma unroll
       for (int i = 0; i < 16; ++i) cw[i] = E::to_float(tile[buf][cw_blk * 16 + i][cw_col]);
       if (cw_ok) {
-        const int64_t gcol = k0 + cw_col, grow = m0 + cw_blk * 16;
         const float bamax = k2D ? tile_16x16_max(cw_blk, cw_col / 16) : block_abs_max(cw);
-        const BlockEncoding enc = encode_block_scale(bamax, col_global[cw_col]);
+        const BlockEncoding enc = encode_block_scale(bamax, col_global[kRowScaled ? cw_col : 0]);
         col_stage[cw_col][cw_blk] = encode_block_codes<kHardwareCvt>(cw, enc.inverse);
-        col_scale[gcol * (rows / 16) + grow / 16] = static_cast<uint8_t>(enc.scale_byte);
+        col_scale[(k0 + cw_col) * col_scale_pitch + m0 / 16 + cw_blk] = static_cast<uint8_t>(enc.scale_byte);
       }
     }
     // every read of tile[buf], the global scales and the 16x16 maxima is done before this barrier,
     // so the next iteration may refill them
     __syncthreads();
     if constexpr (kColwise) {  // lanes 4c..4c+3 write column c's four 8-byte blocks: 32 contiguous bytes
-      if (k0 + st_col < cols && m0 + st_blk * 16 < rows)
-        *reinterpret_cast<uint2*>(col_data + (k0 + st_col) * (rows / 2) + (m0 + st_blk * 16) / 2) =
+      if (st_col < cols_left && st_blk * 16 < rows_left)
+        *reinterpret_cast<uint2*>(col_data + (k0 + st_col) * col_data_pitch + m0 / 2 + st_blk * 8) =
             col_stage[st_col][st_blk];
     }
+    scaled_tm = tm;
+    tm = next_tm, tk = next_tk;
+    advance(next_tm, next_tk);
   }
   cp_async_wait<0>();
 }
@@ -135,6 +175,8 @@ int quantize_can_implement(const void* x, int64_t x_row_stride, int64_t rows, in
                            uint8_t* col_scale) {
   if (rows < 0 || cols < 0 || cols % 16 != 0) return kInvalidProblem;
   if ((kColwise || k2D) && rows % 16 != 0) return kInvalidProblem;
+  if (((rows + kQuantTile - 1) / kQuantTile) * ((cols + kQuantTile - 1) / kQuantTile) > kMaxQuantTiles)
+    return kInvalidProblem;
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
   if (kRowwise && (row_amax == nullptr || row_data == nullptr || row_scale == nullptr)) return kInvalidProblem;
   if (kColwise && (col_amax == nullptr || col_data == nullptr || col_scale == nullptr)) return kInvalidProblem;
