@@ -48,7 +48,7 @@ struct Tile {
   static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "a warp tile is whole 16x16 ldmatrix/mma steps");
   static constexpr int kStageBytes = kRows * (kCodeBytes + kScaleBytes);
   // staged k-tiles in flight: small tiles stage few bytes each, so they keep more tiles in flight
-  static constexpr int kStages = kStageBytes <= 4096 ? 8 : 4;
+  static constexpr int kStages = kStageBytes <= 4096 ? 8 : 3;
   static constexpr int kHalfBytes = kRows * kHalfRowBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kHalfBytes;  // fp16 tile double-buffered
 };
