@@ -15,12 +15,11 @@ from __future__ import annotations
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from . import torch_ops  # noqa: F401  (registers torch.ops.fp4gen.*)
+from . import torch_ops
 from .formats import BLOCK
 from .recipe import Recipe
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
-ops = torch.ops.fp4gen
 
 # Every optimizer step in the process, whatever the optimizer, invalidates cached weight quantizations.
 # The version counter alone misses weights that a wrapper refreshes with the counter preserved (FSDP2's
@@ -42,6 +41,7 @@ class _NVFP4LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x2d, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad):
+        ops = torch_ops.for_caller()
         # X's columnwise copy (for wgrad) comes from the same quantize call as its rowwise copy
         q = ops.quantize(x2d, recipe.activation_scaling, [1, BLOCK], True, need_wgrad)
         y = ops.gemm(*q[:3], *w_row, GEMM_OUT[x2d.dtype])
@@ -61,6 +61,7 @@ class _NVFP4LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        ops = torch_ops.for_caller()
         saved = ctx.saved_tensors
         x_col, w_col = saved[:3], saved[3:]
         dy = dy.contiguous()
@@ -113,6 +114,7 @@ class Linear(torch.nn.Linear):
         """(rowwise, columnwise) triples of W, per tensor. Cached on the weight's version counter in eager
         mode; under torch.compile or CUDA-graph capture the quantization is part of the graph instead."""
         w = self.weight.detach()
+        ops = torch_ops.for_caller()
         # A traced or captured step must contain the quantization itself: a cache hit at trace or capture
         # time would leave a graph that never requantizes the weight after optimizer updates.
         if torch.compiler.is_compiling() or (w.is_cuda and torch.cuda.is_current_stream_capturing()):

@@ -202,7 +202,7 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
     operands, pads_n = _GEMM_OPERANDS[kernel.family]
     # A TMA epilogue needs N to be a multiple of 16 bytes of output: otherwise the GEMM runs on N rounded
     # up, over zero rows of B (and a padded column amax), into a padded D whose first n columns are kept.
-    align = 16 // torch.empty(0, dtype=out_dtype).element_size() if pads_n else 1
+    align = 16 // out_dtype.itemsize if pads_n else 1
     n_run = -(-n // align) * align
     # scratch must stay referenced until the launch is queued, or the allocator could hand its memory to d
     scratch, operand_ptrs, operand_strides = operands(a, b, n_run, kernel)
@@ -220,8 +220,9 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
     args = (*operand_ptrs, d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(), GEMM_ALPHA,
             1.0 if accumulate else 0.0, m, n_run, k, *operand_strides, d.stride(0), d.stride(0), int(a.row_scaled),
             int(b.row_scaled))
-    workspace = torch.empty(max(kernel.workspace_size(*args, None), 1), dtype=torch.uint8, device=device)
-    _launch(kernel, device, *args, workspace.data_ptr())
+    workspace_bytes = kernel.workspace_size(*args, None)
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device) if workspace_bytes else None
+    _launch(kernel, device, *args, workspace.data_ptr() if workspace is not None else None)
     if out is None:
         return d if n_run == n else d[:, :n]
     if d is not out:

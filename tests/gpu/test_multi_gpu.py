@@ -37,3 +37,37 @@ def test_quantize_dequantize_gemm_on_the_other_device(current, target, scaling, 
     assert same_operand(q0.rowwise, q1.rowwise) and same_operand(q0.columnwise, q1.columnwise)
     assert torch.equal(y0.cpu(), y1.cpu())
     assert torch.equal(d0.cpu(), d1.cpu())
+
+
+# (M, K) that select each Hopper GEMM kernel: the fused tiles by M (K a multiple of 64), then the 64-row
+# wgmma tile (K = 48 rules the fused kernels out) and the 128-row one
+GEMM_PROBLEMS = [(16, 256), (32, 256), (64, 256), (128, 1024), (16, 48), (1040, 528)]
+
+
+@pytest.mark.parametrize("current,target", [(0, 1), (1, 0)])
+def test_every_gemm_variant_on_the_other_device(current, target):
+    from fp4gen.cuda.ops import _kernel_for, _problem, _row_start_bits
+    from fp4gen.cuda.manifest import load_manifest
+    chosen = set()
+    for out_dtype in (torch.bfloat16, torch.float32):
+        for m, k in GEMM_PROBLEMS:
+            torch.manual_seed(m + k)
+            x_cpu, w_cpu = torch.randn(m, k).bfloat16(), torch.randn(600, k).bfloat16()
+            results = {}
+            for dev in (current, target):
+                with torch.cuda.device(current):
+                    a = fp4gen.quantize(x_cpu.to(f"cuda:{dev}"), scaling="row", columnwise=False).rowwise
+                    b = fp4gen.quantize(w_cpu.to(f"cuda:{dev}"), scaling="tensor", columnwise=False).rowwise
+                    pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
+                                "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
+                    chosen.add(_kernel_for(_problem("gemm", a.device, {"out_dtype": out_dtype}, k, pointers,
+                                                    rows=m)).name)
+                    out = torch.full((m, 600), float("nan"), device=f"cuda:{dev}", dtype=out_dtype)
+                    fp4gen.gemm(a, b, out=out, accumulate=False)
+                    torch.cuda.synchronize(dev)
+                    assert torch.cuda.current_device() == current
+                    results[dev] = out.cpu()
+            assert not torch.isnan(results[target]).any()
+            assert torch.equal(results[current], results[target]), (m, k, out_dtype)
+    declared = {name for name, k in load_manifest()["kernels"].items() if k["op"] == "gemm" and k["arch"] == "sm90a"}
+    assert chosen == declared
