@@ -249,22 +249,25 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
     }
   };
 
+  // Software pipeline with one barrier per k-tile: iteration kt dequantizes k-tile kt+1 into one fp16
+  // buffer while the MMAs read k-tile kt from the other, so one warp's ALU work overlaps another's MMAs.
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kStages; ++s) {
     if (s < k_tiles) stage_k_tile(s, s);
     cp_async_commit();
   }
+  cp_async_wait<kStages - 1>();  // k-tile 0 staged
+  __syncthreads();
+  dequantize_k_tile(0, halves);
   for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<kStages - 2>();
-    // k-tile kt is staged for every thread; every thread is done with k-tile kt-1's stage (refilled next)
-    // and with the fp16 tile of kt-2 (overwritten now)
+    cp_async_wait<kStages - 2>();  // k-tile kt+1 staged
+    // Every thread has staged k-tile kt+1 and written the fp16 tile of kt, and is done with k-tile kt's
+    // stage (refilled now) and with the fp16 tile of kt-1 (overwritten by kt+1 now).
     __syncthreads();
-    if (kt + kStages - 1 < k_tiles) stage_k_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);
+    if (kt + kStages < k_tiles) stage_k_tile(kt + kStages, kt % kStages);
     cp_async_commit();
-    uint8_t* const half_tile = halves + (kt & 1) * T::kHalfBytes;
-    dequantize_k_tile(kt % kStages, half_tile);
-    __syncthreads();
-    multiply_k_tile(half_tile);
+    if (kt + 1 < k_tiles) dequantize_k_tile((kt + 1) % kStages, halves + ((kt + 1) & 1) * T::kHalfBytes);
+    multiply_k_tile(halves + (kt & 1) * T::kHalfBytes);
   }
 
   // The accumulator fragment of an m16n8 tile: rows lane/4 and lane/4 + 8, columns 2 * (lane % 4) and
