@@ -153,8 +153,8 @@ def cmd_build(args, files) -> int:
             ok = run_ninja(build_file, n_jobs) == 0
             # the cache keys hold the headers as they were when the build started: a library compiled while
             # one of its headers changed may hold either version, so it is dropped
-            edited = [job for job in missing
-                      if included_header_digests(files[f"{job.name}.cu"], toolchain.fp4gen_include) != headers[job.name]]
+            edited = [job for job in missing if headers[job.name]
+                      != included_header_digests(files[f"{job.name}.cu"], toolchain.fp4gen_include)]
             for job in edited:
                 shutil.rmtree(job.entry, ignore_errors=True)
             if edited:

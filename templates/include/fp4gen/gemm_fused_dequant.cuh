@@ -47,7 +47,8 @@ struct Tile {
   static constexpr int kMmaM = kWarpM / 16, kMmaN = kWarpN / 8;
   static_assert(kWarpM % 16 == 0 && kWarpN % 16 == 0, "a warp tile is whole 16x16 ldmatrix/mma steps");
   static constexpr int kStageBytes = kRows * (kCodeBytes + kScaleBytes);
-  // staged k-tiles in flight: small tiles stage few bytes each, so they keep more tiles in flight
+  // staged k-tiles: small tiles stage few bytes each, so they keep more in flight; larger ones keep three,
+  // so that three 128x64 CTAs (77 KB each with four) fit in a multiprocessor's shared memory
   static constexpr int kStages = kStageBytes <= 4096 ? 8 : 3;
   static constexpr int kHalfBytes = kRows * kHalfRowBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kHalfBytes;  // fp16 tile double-buffered
@@ -70,7 +71,6 @@ struct Params {
   int split_k;                             // > 1: partial sums to `partials` [split_k, m, n], no epilogue
   float* partials;
 };
-
 
 // 4 bytes through L1 (cp.async.cg only moves 16); `valid` false zero-fills.
 __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
