@@ -178,19 +178,24 @@ __device__ __forceinline__ uint32_t e2m1_encode_pair_hardware(float lo, float hi
   return out;
 }
 
+// Eight codes of fl(v[i] * r) packed into a word, element 2j in the low nibble of byte j.
+template <bool kHardwareCvt>
+__device__ __forceinline__ uint32_t encode_codes8(const float* v, float r) {
+  if constexpr (kHardwareCvt) {
+    uint32_t word = 0u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      word |= e2m1_encode_pair_hardware(__fmul_rn(v[2 * j], r), __fmul_rn(v[2 * j + 1], r)) << (8 * j);
+    return word;
+  } else {
+    return e2m1_pack8_software(v, r);
+  }
+}
+
 // The 16 codes of one block, elements multiplied by r and packed: element 2j in the low nibble of byte j.
 template <bool kHardwareCvt>
 __device__ __forceinline__ uint2 encode_block_codes(const float (&v)[16], float r) {
-  if constexpr (kHardwareCvt) {
-    uint32_t words[2] = {0u, 0u};
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      words[j / 4] |= e2m1_encode_pair_hardware(__fmul_rn(v[2 * j], r), __fmul_rn(v[2 * j + 1], r))
-                      << (8 * (j % 4));
-    return make_uint2(words[0], words[1]);
-  } else {
-    return make_uint2(e2m1_pack8_software(v, r), e2m1_pack8_software(v + 8, r));
-  }
+  return make_uint2(encode_codes8<kHardwareCvt>(v, r), encode_codes8<kHardwareCvt>(v + 8, r));
 }
 
 // Block amax as upstream's kernels compute it: max |v| with NaN elements ignored (fmaxf).
