@@ -198,12 +198,4 @@ __device__ __forceinline__ uint2 encode_block_codes(const float (&v)[16], float 
   return make_uint2(encode_codes8<kHardwareCvt>(v, r), encode_codes8<kHardwareCvt>(v + 8, r));
 }
 
-// Block amax as upstream's kernels compute it: max |v| with NaN elements ignored (fmaxf).
-__device__ __forceinline__ float block_abs_max(const float (&v)[16]) {
-  float m = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(v[i]));
-  return m;
-}
-
 }  // namespace fp4gen
