@@ -99,6 +99,20 @@ def test_nan_input(scaling):
     assert torch.isnan(fp4gen.dequantize(q.rowwise, torch.float32)[5]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("direction", ["columnwise", "both"])
+def test_nan_input_16bit_columnwise(dtype, direction):
+    # 16-bit block maxima are packed two columns per word: NaNs in one column of a pair, in either
+    # row half of a block, and a column block that is all NaN beside a finite one
+    x = torch.randn(80, 96, device="cuda").to(dtype)
+    x[5, 7] = x[9, 22] = x[70, 95] = float("nan")
+    x[16:32, 50] = float("nan")
+    x[48:64, 64:80] = float("nan")
+    rowwise, columnwise = DIRECTIONS[direction]
+    for scaling, block in MODES:
+        assert_same(x, scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
+
+
 def test_inf_input():
     x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
     x[3, 3] = float("inf")

@@ -72,10 +72,32 @@ __device__ __forceinline__ uint32_t word_element(uint32_t word, int i) {
   return sizeof(InT) == 2 ? (word >> (16 * i)) & 0xFFFFu : word;
 }
 
+// max.xorsign.abs on two 16-bit elements at once (HMNMX2 with |a|, |b| and no .NaN): each half is the
+// larger magnitude of its lane, the non-NaN operand where one is NaN; its sign bit is garbage.
+template <class InT>
+__device__ __forceinline__ uint32_t abs_max_xorsign(uint32_t a, uint32_t b) {
+  static_assert(sizeof(InT) == 2, "packed max is for 16-bit elements");
+  uint32_t m;
+  if constexpr (std::is_same_v<InT, __half>) {
+    asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(b));
+  } else {
+    asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(b));
+  }
+  return m;
+}
+
+// Half i of an abs_max_xorsign result as the amax of the elements that went into it: the mask drops the
+// garbage sign, and fmaxf with 0 turns the NaN left where every element was NaN into 0. i may differ
+// between lanes, so the half is selected by a shift (indexing the halves would go through local memory).
+template <class InT>
+__device__ __forceinline__ float xorsign_half_to_amax(uint32_t m, int i) {
+  const uint32_t abs_bits = (m >> (16 * i)) & Element<InT>::kAbsMask;
+  return fmaxf(__uint_as_float(Element<InT>::abs_bits_as_float_bits(abs_bits)), 0.0f);
+}
+
 // Block amax as upstream's kernels compute it (max |x|, NaN elements ignored, 0 if all are NaN) over the
-// 16 elements of a block held as 32-bit words. 16-bit elements go two at a time through
-// max.xorsign.abs (HMNMX2 with |a|, |b| and no .NaN: the non-NaN operand wins), the sign bits it leaves
-// are dropped by the final fabsf, and only the last pair is widened to fp32.
+// 16 elements of a block held as 32-bit words. 16-bit elements go two at a time through abs_max_xorsign
+// and only the last pair is widened to fp32.
 template <class InT>
 __device__ __forceinline__ float block_abs_max_words(const uint32_t (&words)[16 * sizeof(InT) / 4]) {
   if constexpr (std::is_same_v<InT, float>) {
@@ -84,15 +106,7 @@ __device__ __forceinline__ float block_abs_max_words(const uint32_t (&words)[16 
     for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(__uint_as_float(words[i])));
     return m;
   } else {
-    auto abs_max = [](uint32_t a, uint32_t b) {
-      uint32_t m;
-      if constexpr (std::is_same_v<InT, __half>) {
-        asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(b));
-      } else {
-        asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(b));
-      }
-      return m;
-    };
+    auto abs_max = [](uint32_t a, uint32_t b) { return abs_max_xorsign<InT>(a, b); };
     const uint32_t m = abs_max(abs_max(abs_max(words[0], words[1]), abs_max(words[2], words[3])),
                                abs_max(abs_max(words[4], words[5]), abs_max(words[6], words[7])));
     const InT* pair = reinterpret_cast<const InT*>(&m);

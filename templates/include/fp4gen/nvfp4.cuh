@@ -178,27 +178,24 @@ __device__ __forceinline__ uint32_t e2m1_encode_pair_hardware(float lo, float hi
   return out;
 }
 
-// The 16 codes of one block, elements multiplied by r and packed: element 2j in the low nibble of byte j.
+// Eight codes of fl(v[i] * r) packed into a word, element 2j in the low nibble of byte j.
 template <bool kHardwareCvt>
-__device__ __forceinline__ uint2 encode_block_codes(const float (&v)[16], float r) {
+__device__ __forceinline__ uint32_t encode_codes8(const float* v, float r) {
   if constexpr (kHardwareCvt) {
-    uint32_t words[2] = {0u, 0u};
+    uint32_t word = 0u;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      words[j / 4] |= e2m1_encode_pair_hardware(__fmul_rn(v[2 * j], r), __fmul_rn(v[2 * j + 1], r))
-                      << (8 * (j % 4));
-    return make_uint2(words[0], words[1]);
+    for (int j = 0; j < 4; ++j)
+      word |= e2m1_encode_pair_hardware(__fmul_rn(v[2 * j], r), __fmul_rn(v[2 * j + 1], r)) << (8 * j);
+    return word;
   } else {
-    return make_uint2(e2m1_pack8_software(v, r), e2m1_pack8_software(v + 8, r));
+    return e2m1_pack8_software(v, r);
   }
 }
 
-// Block amax as upstream's kernels compute it: max |v| with NaN elements ignored (fmaxf).
-__device__ __forceinline__ float block_abs_max(const float (&v)[16]) {
-  float m = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(v[i]));
-  return m;
+// The 16 codes of one block, elements multiplied by r and packed: element 2j in the low nibble of byte j.
+template <bool kHardwareCvt>
+__device__ __forceinline__ uint2 encode_block_codes(const float (&v)[16], float r) {
+  return make_uint2(encode_codes8<kHardwareCvt>(v, r), encode_codes8<kHardwareCvt>(v + 8, r));
 }
 
 }  // namespace fp4gen

@@ -3,9 +3,10 @@
 //
 // A CTA encodes 64x64 tiles: each is read once into shared memory (coalesced 16-byte cp.async copies,
 // the next tile's in flight while the current one is encoded) and both directions come from there. Rowwise, four consecutive lanes cover one row's 64 elements, so
-// their 8-byte code stores form one 32-byte sector. Columnwise, lanes take consecutive columns (no shared
-// memory bank conflicts); their codes are staged in shared memory and stored by lanes regrouped per
-// column, again 32 contiguous bytes per four lanes. 16x16 blocks (weights) share one scale per tile, so
+// their 8-byte code stores form one 32-byte sector. Columnwise, two lanes share two adjacent columns of a
+// 16-row block, each reading half of its rows as 32-bit words, so that one shared-memory load and one
+// packed max serve both columns; their codes are staged in shared memory and stored by lanes regrouped
+// per column, again 32 contiguous bytes per four lanes. 16x16 blocks (weights) share one scale per tile, so
 // their columnwise codes are the transpose of the rowwise ones.
 #pragma once
 
@@ -19,6 +20,12 @@
 namespace fp4gen {
 
 constexpr int kQuantTile = 64, kQuantThreads = 256, kBlocksPerTileRow = kQuantTile / 16;
+// Resident CTAs per SM that the register allocation must allow. 16-bit inputs: 6 (40 registers), the
+// occupancy the kernel had before the column-pair path, which left alone takes 44-60 registers (4-5
+// CTAs); at 40 a few loop invariants are reloaded from the stack (8-24 bytes). 8 (32 registers, 100%
+// occupancy) would spill 32-56 bytes. fp32: the padded tiles take 38 KB of shared memory, so 5 CTAs fit.
+template <class InT>
+constexpr int kQuantMinCtasPerSm = sizeof(InT) == 4 ? 5 : 6;
 // Tile coordinates are 32-bit; quantize_can_implement refuses more tiles than this (a 2^42-element tensor).
 constexpr int64_t kMaxQuantTiles = int64_t{1} << 30;
 
@@ -26,7 +33,7 @@ constexpr int64_t kMaxQuantTiles = int64_t{1} << 30;
 // buffers: the next tile's cp.async copy is in flight while the current one is encoded. Consecutive tiles
 // of a run mostly share their 64 rows, so the rows' global scales are recomputed only when that changes.
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt>
-__global__ void __launch_bounds__(kQuantThreads)
+__global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm<InT>)
     quantize_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
                     const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                     uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale, uint8_t* __restrict__ col_data,
@@ -35,8 +42,16 @@ __global__ void __launch_bounds__(kQuantThreads)
   constexpr int kVec = E::kPerVector, kVecsPerRow = kQuantTile / kVec;
   constexpr int kCopies = kQuantTile * kVecsPerRow / kQuantThreads, kCopyRowStep = kQuantThreads / kVecsPerRow;
   static_assert(kQuantTile * kVecsPerRow % kQuantThreads == 0, "every thread copies the same number of vectors");
-  __shared__ __align__(16) InT tile[2][kQuantTile][kQuantTile];
+  // Rows padded by 16 bytes: row r + 4 starts 16 banks after row r, so the two halves of a column pair
+  // (rows 4 apart) and, rowwise, the 16-byte reads of two consecutive rows fall on disjoint banks.
+  constexpr int kTilePitch = kQuantTile + 16 / sizeof(InT);
+  __shared__ __align__(16) InT tile[2][kQuantTile][kTilePitch];
+  // Columnwise codes and scale bytes, per column and block, until the lanes regrouped per column store
+  // them. The codes' block index is XOR-swizzled with bits 2-3 of the column (col_stage_blk): both the
+  // writers (16 consecutive columns, one block) and the readers (4 columns x 4 blocks) of a half-warp's
+  // 8-byte accesses then cover all 32 banks once.
   __shared__ uint2 col_stage[kColwise ? kQuantTile : 1][kBlocksPerTileRow];
+  __shared__ uint8_t col_scale_stage[kColwise ? kQuantTile : 1][kBlocksPerTileRow];
   __shared__ float row_block_max[k2D ? kQuantTile : 1][kBlocksPerTileRow];
   // per row / column of the current tile; with tensor scaling, one entry for the whole call
   __shared__ GlobalScale row_global[kRowwise && kRowScaled ? kQuantTile : 1];
@@ -80,11 +95,16 @@ __global__ void __launch_bounds__(kQuantThreads)
     if (kColwise && t == 32) col_global[0] = global_scale(col_amax[0]);
   }
 
-  // Thread roles: rowwise block (row t/4, block t%4); columnwise block (column t%64, block t/64); the
-  // columnwise store regroups lanes per column (column t/4, block t%4).
+  // Thread roles: rowwise block (row t/4, block t%4). Columnwise, lanes l and l^1 of a warp share
+  // columns 2p, 2p+1 of block t/64 (p = 16 * (warp % 2) + l / 2): lane half h = l % 2 reads the block's
+  // rows 4h..4h+3 and 8+4h..8+4h+3 (with the row padding, the halves' words fall on disjoint banks), and
+  // after the exchanges owns column 2p+h. The columnwise store regroups lanes per column (column t/4,
+  // block t%4).
   const int rw_row = t / kBlocksPerTileRow, rw_blk = t % kBlocksPerTileRow;
-  const int cw_col = t % kQuantTile, cw_blk = t / kQuantTile;
+  const int cw_half = t % 2, cw_pair = t / 32 % 2 * 16 + t % 32 / 2, cw_blk = t / kQuantTile;
+  const int cw_col = 2 * cw_pair + cw_half;
   const int st_col = t / kBlocksPerTileRow, st_blk = t % kBlocksPerTileRow;
+  auto col_stage_blk = [](int col, int blk) { return blk ^ (col / 4 % kBlocksPerTileRow); };
   const int64_t row_data_pitch = cols / 2, row_scale_pitch = cols / 16;
   const int64_t col_data_pitch = rows / 2, col_scale_pitch = rows / 16;
 
@@ -144,23 +164,67 @@ __global__ void __launch_bounds__(kQuantThreads)
       }
     }
     if constexpr (kColwise) {
-      float cw[16];
+      // a row of the column pair: one 32-bit word of two 16-bit elements, or two fp32 words
+      constexpr int kPairWords = sizeof(InT) / 2;
+      uint32_t cw_words[8][kPairWords];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) cw[i] = E::to_float(tile[buf][cw_blk * 16 + i][cw_col]);
+      for (int i = 0; i < 8; ++i) {
+        const InT* src = &tile[buf][cw_blk * 16 + 8 * (i / 4) + 4 * cw_half + i % 4][2 * cw_pair];
+        if constexpr (kPairWords == 1) {
+          cw_words[i][0] = *reinterpret_cast<const uint32_t*>(src);
+        } else {
+          const uint2 w = *reinterpret_cast<const uint2*>(src);
+          cw_words[i][0] = w.x, cw_words[i][1] = w.y;
+        }
+      }
+      float lo[8], hi[8];  // columns 2p and 2p+1
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        lo[i] = E::word_element_to_float(cw_words[i], 0), hi[i] = E::word_element_to_float(cw_words[i], 1);
+      float bamax;
+      if constexpr (k2D) {
+        bamax = tile_16x16_max(cw_blk, cw_col / 16);
+      } else if constexpr (kPairWords == 1) {
+        auto abs_max = [](uint32_t a, uint32_t b) { return abs_max_xorsign<InT>(a, b); };
+        auto word = [&](int i) { return cw_words[i][0]; };
+        uint32_t m = abs_max(abs_max(abs_max(word(0), word(1)), abs_max(word(2), word(3))),
+                             abs_max(abs_max(word(4), word(5)), abs_max(word(6), word(7))));
+        m = abs_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+        bamax = xorsign_half_to_amax<InT>(m, cw_half);
+      } else {
+        float m_lo = 0.0f, m_hi = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) m_lo = fmaxf(m_lo, fabsf(lo[i])), m_hi = fmaxf(m_hi, fabsf(hi[i]));
+        // send the partner the half of the column it owns
+        const float theirs = __shfl_xor_sync(0xFFFFFFFFu, cw_half ? m_lo : m_hi, 1);
+        bamax = fmaxf(cw_half ? m_hi : m_lo, theirs);
+      }
+      const BlockEncoding enc = encode_block_scale(bamax, col_global[kRowScaled ? cw_col : 0]);
+      const float r_theirs = __shfl_xor_sync(0xFFFFFFFFu, enc.inverse, 1);
+      const uint32_t codes_lo = encode_codes8<kHardwareCvt>(lo, cw_half ? r_theirs : enc.inverse);
+      const uint32_t codes_hi = encode_codes8<kHardwareCvt>(hi, cw_half ? enc.inverse : r_theirs);
+      // Each code word holds this half's rows: codes of rows 4h..4h+3 in its low 16 bits, of rows
+      // 8+4h..8+4h+3 in its high 16 bits. Lane half 0 supplies the low halves of the column's two words.
+      const uint32_t mine = cw_half ? codes_hi : codes_lo;
+      const uint32_t theirs = __shfl_xor_sync(0xFFFFFFFFu, cw_half ? codes_lo : codes_hi, 1);
       if (cw_ok) {
-        const float bamax = k2D ? tile_16x16_max(cw_blk, cw_col / 16) : block_abs_max(cw);
-        const BlockEncoding enc = encode_block_scale(bamax, col_global[kRowScaled ? cw_col : 0]);
-        col_stage[cw_col][cw_blk] = encode_block_codes<kHardwareCvt>(cw, enc.inverse);
-        col_scale[(k0 + cw_col) * col_scale_pitch + m0 / 16 + cw_blk] = static_cast<uint8_t>(enc.scale_byte);
+        // PRMT selectors: bytes 0-3 are mine, 4-7 theirs; half 0's bytes go low in each 16-bit pair
+        const uint32_t sel_low = cw_half ? 0x1054u : 0x5410u, sel_high = cw_half ? 0x3276u : 0x7632u;
+        col_stage[cw_col][col_stage_blk(cw_col, cw_blk)] =
+            make_uint2(__byte_perm(mine, theirs, sel_low), __byte_perm(mine, theirs, sel_high));
+        col_scale_stage[cw_col][cw_blk] = static_cast<uint8_t>(enc.scale_byte);
       }
     }
     // every read of tile[buf], the global scales and the 16x16 maxima is done before this barrier,
     // so the next iteration may refill them
     __syncthreads();
-    if constexpr (kColwise) {  // lanes 4c..4c+3 write column c's four 8-byte blocks: 32 contiguous bytes
-      if (st_col < cols_left && st_blk * 16 < rows_left)
+    // lanes 4c..4c+3 write column c's four 8-byte blocks (32 contiguous bytes) and its four scale bytes
+    if constexpr (kColwise) {
+      if (st_col < cols_left && st_blk * 16 < rows_left) {
         *reinterpret_cast<uint2*>(col_data + (k0 + st_col) * col_data_pitch + m0 / 2 + st_blk * 8) =
-            col_stage[st_col][st_blk];
+            col_stage[st_col][col_stage_blk(st_col, st_blk)];
+        col_scale[(k0 + st_col) * col_scale_pitch + m0 / 16 + st_blk] = col_scale_stage[st_col][st_blk];
+      }
     }
     scaled_tm = tm;
     tm = next_tm, tk = next_tk;
