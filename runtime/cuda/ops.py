@@ -187,6 +187,13 @@ _GEMM_OPERANDS = {
 }
 
 
+def gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype):
+    """The kernel fp4gen.gemm runs for these operands (FP4GEN_PRINT_CONFIGS=1 prints its name)."""
+    pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
+                "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
+    return _kernel_for(_problem("gemm", a.device, {"out_dtype": out_dtype}, a.shape[1], pointers, rows=a.shape[0]))
+
+
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool):
     """D = A @ B.T with the epilogue alpha * row_amax[i] * col_amax[j] (+ C = out when accumulating).
 
@@ -197,9 +204,7 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
     device = a.device
     if m == 0 or n == 0:
         return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=device)
-    pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
-                "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
-    kernel = _kernel_for(_problem("gemm", device, {"out_dtype": out_dtype}, k, pointers, rows=m))
+    kernel = gemm_kernel(a, b, out_dtype)
     operands, pads_n = _GEMM_OPERANDS[kernel.family]
     # A TMA epilogue needs N to be a multiple of 16 bytes of output: otherwise the GEMM runs on N rounded
     # up, over zero rows of B (and a padded column amax), into a padded D whose first n columns are kept.

@@ -125,10 +125,8 @@ def test_gemm_cuda_graph_and_two_streams():
 
 
 def chosen_kernel(a, b, out_dtype):
-    from fp4gen.cuda.ops import _kernel_for, _problem, _row_start_bits
-    pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
-                "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
-    return _kernel_for(_problem("gemm", a.device, {"out_dtype": out_dtype}, a.shape[1], pointers, rows=a.shape[0]))
+    from fp4gen.cuda.ops import gemm_kernel
+    return gemm_kernel(a, b, out_dtype)
 
 
 @pytest.mark.parametrize("m,tile", [(5, "t16x64x64"), (20, "t32x64x64"), (50, "t64x64x64"), (100, "t128x64x64")])

@@ -46,8 +46,8 @@ GEMM_PROBLEMS = [(16, 256), (32, 256), (64, 256), (128, 1024), (16, 48), (1040, 
 
 @pytest.mark.parametrize("current,target", [(0, 1), (1, 0)])
 def test_every_gemm_variant_on_the_other_device(current, target):
-    from fp4gen.cuda.ops import _kernel_for, _problem, _row_start_bits
     from fp4gen.cuda.manifest import load_manifest
+    from fp4gen.cuda.ops import gemm_kernel
     chosen = set()
     for out_dtype in (torch.bfloat16, torch.float32):
         for m, k in GEMM_PROBLEMS:
@@ -58,10 +58,7 @@ def test_every_gemm_variant_on_the_other_device(current, target):
                 with torch.cuda.device(current):
                     a = fp4gen.quantize(x_cpu.to(f"cuda:{dev}"), scaling="row", columnwise=False).rowwise
                     b = fp4gen.quantize(w_cpu.to(f"cuda:{dev}"), scaling="tensor", columnwise=False).rowwise
-                    pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
-                                "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
-                    chosen.add(_kernel_for(_problem("gemm", a.device, {"out_dtype": out_dtype}, k, pointers,
-                                                    rows=m)).name)
+                    chosen.add(gemm_kernel(a, b, out_dtype).name)
                     out = torch.full((m, 600), float("nan"), device=f"cuda:{dev}", dtype=out_dtype)
                     fp4gen.gemm(a, b, out=out, accumulate=False)
                     torch.cuda.synchronize(dev)
