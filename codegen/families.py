@@ -59,7 +59,10 @@ class TileTokens:
         return iter(self.table)
 
 
-# The parameters both GEMM families share, around their operand parameters.
+# The output dtypes every GEMM family offers (bf16 for activations, fp32 for main-grad accumulation).
+_GEMM_OUT_DTYPES = {"bf16": "bf16out", "fp32": "fp32out"}
+
+# The parameters every GEMM family shares, around its operand parameters.
 _GEMM_EPILOGUE_PARAMS = (
     Param("c", "const void*"),  # [M, N] like D; read only when beta != 0
     Param("d", "void*"),  # [M, N], row stride ldd
@@ -161,7 +164,7 @@ FAMILIES = {
         template="gemm_sm90.cu.j2",
         name_prefix="gemm_nvfp4",
         axes={
-            "out_dtype": {"bf16": "bf16out", "fp32": "fp32out"},
+            "out_dtype": _GEMM_OUT_DTYPES,
             "tile": TileTokens(tables.GEMM_TILES),
             "schedule": {"cooperative": "coop", "pingpong": "pingpong"},
             "arch": {"sm90a": "sm90a"},
@@ -189,7 +192,7 @@ FAMILIES = {
         template="gemm_fused_dequant.cu.j2",
         name_prefix="gemm_nvfp4_fused",
         axes={
-            "out_dtype": {"bf16": "bf16out", "fp32": "fp32out"},
+            "out_dtype": _GEMM_OUT_DTYPES,
             "fused_tile": TileTokens(tables.FUSED_GEMM_TILES),
             "arch": {"sm90a": "sm90a"},
         },
@@ -220,7 +223,7 @@ FAMILIES = {
         template="gemm_sm100.cu.j2",
         name_prefix="gemm_nvfp4",
         axes={
-            "out_dtype": {"bf16": "bf16out", "fp32": "fp32out"},
+            "out_dtype": _GEMM_OUT_DTYPES,
             "mma_tile": TileTokens(tables.SM100_MMA_TILES),
             "arch": {"sm100a": "sm100a"},
         },

@@ -27,6 +27,7 @@ class Kernel:
         self.name = entry["name"]
         self.family = entry["family"]
         self.facts = entry.get("facts", {})
+        self.alignment = entry.get("alignment", {})
         path = lib_dir() / f"{self.name}.so"
         if not path.exists():
             raise BuildError(f"kernel {self.name} is declared in generated/manifest.json but not built "

@@ -179,11 +179,11 @@ def _packed_operands(a: NVFP4Data, b: NVFP4Data, n_run: int, kernel) -> tuple:
             (a.data.stride(0), a_scale.stride(0), b.data.stride(0), b_scale.stride(0), splits))
 
 
-# How each GEMM family takes its operands, and whether its TMA epilogue needs N padded to 16 bytes of output.
+# How each GEMM family takes its operands.
 _GEMM_OPERANDS = {
-    "gemm_sm90": (_bf16_operands, True),
-    "gemm_sm100": (_blockscaled_operands, True),
-    "gemm_fused_dequant": (_packed_operands, False),
+    "gemm_sm90": _bf16_operands,
+    "gemm_sm100": _blockscaled_operands,
+    "gemm_fused_dequant": _packed_operands,
 }
 
 
@@ -205,10 +205,13 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
     if m == 0 or n == 0:
         return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=device)
     kernel = gemm_kernel(a, b, out_dtype)
-    operands, pads_n = _GEMM_OPERANDS[kernel.family]
-    # A TMA epilogue needs N to be a multiple of 16 bytes of output: otherwise the GEMM runs on N rounded
-    # up, over zero rows of B (and a padded column amax), into a padded D whose first n columns are kept.
-    align = 16 // out_dtype.itemsize if pads_n else 1
+    operands = _GEMM_OPERANDS[kernel.family]
+    # A kernel that needs D's rows aligned (a TMA epilogue: `d` in the manifest's alignment) needs N to be a
+    # multiple of that many bytes of output: otherwise the GEMM runs on N rounded up, over zero rows of B
+    # (and a padded column amax), into a padded D whose first n columns are kept.
+    d_alignment = kernel.alignment.get("d", 1)
+    pads_n = d_alignment > 1
+    align = max(d_alignment // out_dtype.itemsize, 1)
     n_run = -(-n // align) * align
     # scratch must stay referenced until the launch is queued, or the allocator could hand its memory to d
     scratch, operand_ptrs, operand_strides = operands(a, b, n_run, kernel)
@@ -216,7 +219,7 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
     if b.row_scaled and n_run != n:
         col_amax = torch.cat([col_amax, col_amax.new_ones(n_run - n)])
     if (n_run == n and out is not None and out.stride(1) == 1 and
-            (not pads_n or (out.stride(0) % align == 0 and out.data_ptr() % 16 == 0))):
+            (not pads_n or (out.stride(0) % align == 0 and out.data_ptr() % d_alignment == 0))):
         d = out
     else:
         d = torch.empty(m, n_run, dtype=out_dtype, device=device)

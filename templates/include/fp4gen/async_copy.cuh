@@ -13,6 +13,13 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
                : "memory");
 }
 
+// 4 bytes, through L1 (cp.async.cg only moves 16); `valid` false zero-fills.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Wait until at most `kPending` of this thread's committed groups are still in flight.

@@ -72,13 +72,6 @@ struct Params {
   float* partials;
 };
 
-// 4 bytes through L1 (cp.async.cg only moves 16); `valid` false zero-fills.
-__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* gmem_src, bool valid) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(valid ? 4 : 0)
-               : "memory");
-}
-
 // Eight E2M1 codes (code i in bits 4i..4i+3) -> four fp16x2 words, word j = {code j, code j + 4}, each
 // holding value * 2^-14. Placing a code's exponent and mantissa bits (e1 e0 m) at fp16 bits 11..9 makes
 // the fp16 exponent field e: for e >= 1 that is 2^(e-15) * (1 + m/2) = 2^-14 * value, and for e = 0 the
