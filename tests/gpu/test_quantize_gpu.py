@@ -69,6 +69,17 @@ def test_every_variant_equals_reference(dtype, direction, scaling, block, rows, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+@pytest.mark.parametrize("rows,cols", [(1, 16), (37, 80), (1001, 4112)])
+def test_rowwise_only_with_rows_not_a_multiple_of_16(dtype, scaling, rows, cols):
+    # only the columnwise copy and 16x16 blocks need M % 16 == 0: the last tile row of a rowwise-only call
+    # is partly outside the tensor, and its staged rows must not be written
+    torch.manual_seed(rows)
+    x = (torch.randn(rows, cols, device="cuda") * 3).to(dtype)
+    assert_same(x, scaling=scaling, block=(1, 16), rowwise=True, columnwise=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("scaling,block", MODES)
 def test_heavy_dynamic_range_and_zero_rows_and_columns(dtype, scaling, block):
     x = heavy(528, 784, dtype, seed=11)  # multiples of 16, not of 32

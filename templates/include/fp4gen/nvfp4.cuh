@@ -150,15 +150,18 @@ __host__ __device__ __forceinline__ uint32_t e2m1_code_bits(float y) {
   return float_bits(fma_rn(negative_flag(y), 8.0f, bits_float(magnitude)));
 }
 
-// Eight codes of fl(v[i] * r) packed into a word, element 0 in the low nibble. Each element's
-// kRoundMagicBits + code is added in at its nibble (one IMAD); the magic's own shifted copies are a
-// constant that the start value cancels (modulo 2^32).
-constexpr uint32_t kPack8Bias = 0u - (kRoundMagicBits + (kRoundMagicBits << 4) + (kRoundMagicBits << 8) +
-                                      (kRoundMagicBits << 12) + (kRoundMagicBits << 16) + (kRoundMagicBits << 20) +
-                                      (kRoundMagicBits << 24) + (kRoundMagicBits << 28));
+// Codes are packed into words by adding each element's kRoundMagicBits + code in at its nibble (one
+// IMAD); the magic's shifted copies sum to a constant that a word's start value cancels (modulo 2^32).
+template <int kCodes>
+constexpr uint32_t software_code_word_start() {
+  uint32_t magics = 0u;
+  for (int i = 0; i < kCodes; ++i) magics += kRoundMagicBits << (4 * i);
+  return 0u - magics;
+}
 
+// Eight codes of fl(v[i] * r) packed into a word, element 0 in the low nibble.
 __host__ __device__ __forceinline__ uint32_t e2m1_pack8_software(const float* v, float r) {
-  uint32_t word = kPack8Bias;
+  uint32_t word = software_code_word_start<8>();
 #pragma unroll
   for (int i = 0; i < 8; ++i) word += e2m1_code_bits(mul_rn(v[i], r)) << (4 * i);
   return word;
@@ -178,24 +181,31 @@ __device__ __forceinline__ uint32_t e2m1_encode_pair_hardware(float lo, float hi
   return out;
 }
 
-// Eight codes of fl(v[i] * r) packed into a word, element 2j in the low nibble of byte j.
+// The byte of two codes, `lo` in the low nibble, to be added into a word at a byte position. The software
+// byte carries the magic of both codes; a word of n codes starts at code_word_start<kHardwareCvt, n>().
 template <bool kHardwareCvt>
-__device__ __forceinline__ uint32_t encode_codes8(const float* v, float r) {
+__device__ __forceinline__ uint32_t e2m1_byte(float lo, float hi) {
   if constexpr (kHardwareCvt) {
-    uint32_t word = 0u;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      word |= e2m1_encode_pair_hardware(__fmul_rn(v[2 * j], r), __fmul_rn(v[2 * j + 1], r)) << (8 * j);
-    return word;
+    return e2m1_encode_pair_hardware(lo, hi);
   } else {
-    return e2m1_pack8_software(v, r);
+    return e2m1_code_bits(lo) + (e2m1_code_bits(hi) << 4);
   }
 }
 
-// The 16 codes of one block, elements multiplied by r and packed: element 2j in the low nibble of byte j.
-template <bool kHardwareCvt>
-__device__ __forceinline__ uint2 encode_block_codes(const float (&v)[16], float r) {
-  return make_uint2(encode_codes8<kHardwareCvt>(v, r), encode_codes8<kHardwareCvt>(v + 8, r));
+template <bool kHardwareCvt, int kCodes>
+constexpr uint32_t code_word_start() {
+  return kHardwareCvt ? 0u : software_code_word_start<kCodes>();
+}
+
+// kCodes (2, 4 or 8) codes of fl(v[i] * r) packed into the low bits of a word, element 2j in the low nibble
+// of byte j.
+template <bool kHardwareCvt, int kCodes>
+__device__ __forceinline__ uint32_t encode_codes(const float* v, float r) {
+  uint32_t word = code_word_start<kHardwareCvt, kCodes>();
+#pragma unroll
+  for (int j = 0; j < kCodes / 2; ++j)
+    word += e2m1_byte<kHardwareCvt>(__fmul_rn(v[2 * j], r), __fmul_rn(v[2 * j + 1], r)) << (8 * j);
+  return word;
 }
 
 }  // namespace fp4gen

@@ -1,245 +1,406 @@
 // The quantize pass: x [M, K] -> rowwise NVFP4 (codes [M, K/2], scales [M, K/16]) and/or columnwise NVFP4
 // of x.T (codes [K, M/2], scales [K, M/16]), given the amaxes of the amax pass (spec sections 2-4, 6.2).
 //
-// A CTA encodes 64x64 tiles: each is read once into shared memory (coalesced 16-byte cp.async copies,
-// the next tile's in flight while the current one is encoded) and both directions come from there. Rowwise, four consecutive lanes cover one row's 64 elements, so
-// their 8-byte code stores form one 32-byte sector. Columnwise, two lanes share two adjacent columns of a
-// 16-row block, each reading half of its rows as 32-bit words, so that one shared-memory load and one
-// packed max serve both columns; their codes are staged in shared memory and stored by lanes regrouped
-// per column, again 32 contiguous bytes per four lanes. 16x16 blocks (weights) share one scale per tile, so
-// their columnwise codes are the transpose of the rowwise ones.
+// Each warp encodes tiles of 64 columns x 16 * kGroups rows. A lane owns a patch of 16 rows x one 16-byte
+// vector (8 16-bit or 4 fp32 elements); the lanes of a 16-row group cover the tile's 64 contiguous
+// columns, so every load instruction reads whole 128-byte lines. Then:
+//  - a columnwise block (16 rows of one column) lies wholly in one lane: its amax, scale and codes need no
+//    other lane;
+//  - a rowwise block (16 columns of one row) spans kBlockLanes = 2 (16-bit) or 4 (fp32) lanes: one
+//    exchange of partial maxima, after which the lanes split the rows whose scales they compute;
+//  - each element is widened to fp32 once for both directions.
+// A lane loads its patch straight into registers (16 loads in flight; 16 warps per SM cover the wait).
+// The codes are encoded half a patch (8 rows) at a time in a rolled loop, the second half's registers
+// moved into the first half's in between, which keeps the hot code within the instruction cache (the
+// fully unrolled patch did not fit).
+//
+// What bounded earlier versions was neither DRAM bytes nor instructions but L2 write requests: a tile
+// writes 32 bytes of codes and 4 bytes of scales per row and per column, and each such piece stored
+// straight from the lanes is its own request. So outputs are gathered in shared memory and leave in
+// larger pieces: the CTA's warps take stacked tile rows and walk the same tile columns in step, so a
+// tile column's columnwise codes leave as 128-byte lines per column (after a CTA barrier), and each warp
+// keeps its rowwise codes of kCodeStageTiles tiles and its rowwise scales of a unit's kUnitTiles tiles.
+// With row scaling, the global scales of a tile's rows and columns are computed once per warp (the lanes
+// in turn, from amaxes loaded a tile ahead) into the warp's shared memory.
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "fp4gen/abi.h"
-#include "fp4gen/async_copy.cuh"
 #include "fp4gen/elements.cuh"
 #include "fp4gen/nvfp4.cuh"
 
 namespace fp4gen {
 
-constexpr int kQuantTile = 64, kQuantThreads = 256, kBlocksPerTileRow = kQuantTile / 16;
-// Resident CTAs per SM that the register allocation must allow. 16-bit inputs: 6 (40 registers), the
-// occupancy the kernel had before the column-pair path, which left alone takes 44-60 registers (4-5
-// CTAs); at 40 a few loop invariants are reloaded from the stack (8-24 bytes). 8 (32 registers, 100%
-// occupancy) would spill 32-56 bytes. fp32: the padded tiles take 38 KB of shared memory, so 5 CTAs fit.
-template <class InT>
-constexpr int kQuantMinCtasPerSm = sizeof(InT) == 4 ? 5 : 6;
-// Tile coordinates are 32-bit; quantize_can_implement refuses more tiles than this (a 2^42-element tensor).
+constexpr int kQuantWarps = 4, kQuantThreads = 32 * kQuantWarps, kQuantTileCols = 64;
+// A CTA's unit of work: kUnitTiles consecutive tile columns of kQuantWarps consecutive tile rows, one per
+// warp. A warp's rowwise codes leave every kCodeStageTiles tiles (64 bytes a row), its rowwise scales at
+// the end of the unit (32 bytes a row).
+constexpr int kUnitTiles = 8, kCodeStageTiles = 2;
+constexpr int kCodeStageBytes = kCodeStageTiles * kQuantTileCols / 2, kScaleStageBytes = kUnitTiles * kQuantTileCols / 16;
+// A lane holds its patch in 64 registers; at most 128 per thread gives 4 CTAs, 16 warps, per SM.
+constexpr int kQuantMinCtasPerSm = 4;
+// Tile and unit indices are 32-bit; quantize_can_implement refuses more tiles than this (2^42 elements).
 constexpr int64_t kMaxQuantTiles = int64_t{1} << 30;
 
-// Persistent CTAs, each over a contiguous run of the 64x64 tiles in row-major order, with two shared-memory
-// buffers: the next tile's cp.async copy is in flight while the current one is encoded. Consecutive tiles
-// of a run mostly share their 64 rows, so the rows' global scales are recomputed only when that changes.
+// Where a lane's patch lies in its warp's tile, for an input type.
+template <class InT>
+struct QuantLane {
+  static constexpr int kVec = Element<InT>::kPerVector;  // elements per 16-byte vector: 8 or 4
+  static constexpr int kLanesK = kQuantTileCols / kVec;  // lanes across the tile's columns: 8 or 16
+  static constexpr int kBlockLanes = 16 / kVec;          // lanes of one rowwise block: 2 or 4
+  static constexpr int kGroups = 32 / kLanesK;           // 16-row groups in a tile: 4 or 2
+  static constexpr int kTileRows = 16 * kGroups;         // 64 or 32
+  static constexpr int kTileBlocks = kQuantTileCols / 16;  // rowwise blocks across a tile row: 4
+  // Rows whose rowwise scales a lane computes: rows kBlockLanes * j + q of its group, q = lane % kBlockLanes.
+  static constexpr int kOwnedRows = 16 / kBlockLanes;
+};
+
+// The block amaxes of a lane's patch (patch[i]: its vector of row i), NaN elements ignored as upstream's
+// kernels do (block_abs_max_words): `col[c]` for the lane's columns (16 rows each); `row[j]` for the
+// rowwise blocks of its owned rows kBlockLanes * j + q, which needs the other lanes of the block, so every
+// lane of the warp must call it. With 16x16 blocks every entry is the amax of the 16 x 16 tile.
+template <class InT, bool kRows, bool kCols, bool k2D>
+__device__ __forceinline__ void patch_block_amax(const uint4 (&patch)[16], int q, float (&row)[QuantLane<InT>::kOwnedRows],
+                                                 float (&col)[QuantLane<InT>::kVec]) {
+  using L = QuantLane<InT>;
+  if constexpr (sizeof(InT) == 2) {
+    auto am = [](uint32_t a, uint32_t b) { return abs_max_xorsign<InT>(a, b); };
+    uint32_t col_max[4], row_pairs[8];  // packed: column pairs 2k, 2k+1; rows 2p, 2p+1
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      const uint4 a = patch[2 * p], b = patch[2 * p + 1];
+      const uint32_t pair_max[4] = {am(a.x, b.x), am(a.y, b.y), am(a.z, b.z), am(a.w, b.w)};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) col_max[k] = p == 0 ? pair_max[k] : am(col_max[k], pair_max[k]);
+      if constexpr (kRows && !k2D) {
+        const uint32_t ra = am(am(a.x, a.y), am(a.z, a.w)), rb = am(am(b.x, b.y), am(b.z, b.w));
+        // rows 2p and 2p+1 side by side (the maxima of ra's halves low, of rb's high), so that one
+        // exchange with the other lane of the block serves two rows
+        row_pairs[p] = am(__byte_perm(ra, rb, 0x5410), __byte_perm(ra, rb, 0x7632));
+      }
+    }
+    if constexpr (k2D) {  // the 16x16 tile: both lanes' columns
+      uint32_t m = am(am(col_max[0], col_max[1]), am(col_max[2], col_max[3]));
+      m = am(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+      const float tile = fmaxf(xorsign_half_to_amax<InT>(m, 0), xorsign_half_to_amax<InT>(m, 1));
+#pragma unroll
+      for (int j = 0; j < L::kOwnedRows; ++j) row[j] = tile;
+#pragma unroll
+      for (int c = 0; c < L::kVec; ++c) col[c] = tile;
+      return;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      col[2 * k] = xorsign_half_to_amax<InT>(col_max[k], 0);
+      col[2 * k + 1] = xorsign_half_to_amax<InT>(col_max[k], 1);
+    }
+    if constexpr (kRows) {
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {
+        const uint32_t both = am(row_pairs[p], __shfl_xor_sync(0xFFFFFFFFu, row_pairs[p], 1));
+        row[p] = xorsign_half_to_amax<InT>(both, q);  // row 2p + q
+      }
+    }
+  } else {
+    float col_max[4] = {0.0f, 0.0f, 0.0f, 0.0f}, tile = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const uint4 v = patch[i];
+      const float a[4] = {fabsf(__uint_as_float(v.x)), fabsf(__uint_as_float(v.y)), fabsf(__uint_as_float(v.z)),
+                          fabsf(__uint_as_float(v.w))};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) col_max[k] = fmaxf(col_max[k], a[k]);
+      if constexpr (kRows && !k2D) {
+        float m = fmaxf(fmaxf(a[0], a[1]), fmaxf(a[2], a[3]));
+        m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+        if (i % 4 == q) row[i / 4] = fmaxf(m, 0.0f);  // a block of NaNs: 0
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) col[k] = col_max[k], tile = fmaxf(tile, col_max[k]);
+    if constexpr (k2D) {
+      tile = fmaxf(tile, __shfl_xor_sync(0xFFFFFFFFu, tile, 1));
+      tile = fmaxf(tile, __shfl_xor_sync(0xFFFFFFFFu, tile, 2));
+#pragma unroll
+      for (int j = 0; j < L::kOwnedRows; ++j) row[j] = tile;
+#pragma unroll
+      for (int c = 0; c < L::kVec; ++c) col[c] = tile;
+    }
+  }
+}
+
+// The first n of kBytes (8 or 16) staged bytes to global memory: one vector store where whole and aligned.
+template <int kBytes>
+__device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, int n) {
+  using Vector = std::conditional_t<kBytes == 16, uint4, uint2>;
+  static_assert(kBytes == 16 || kBytes == 8, "8- or 16-byte pieces");
+  if (n == kBytes && (reinterpret_cast<uintptr_t>(dst) % kBytes) == 0) {
+    *reinterpret_cast<Vector*>(dst) = *reinterpret_cast<const Vector*>(src);
+  } else {
+    for (int b = 0; b < n; ++b) dst[b] = src[b];
+  }
+}
+
+// Persistent CTAs, each over a contiguous run of units (see kUnitTiles) in row-major order.
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt>
-__global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm<InT>)
+__global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     quantize_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
                     const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                     uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale, uint8_t* __restrict__ col_data,
                     uint8_t* __restrict__ col_scale) {
-  using E = Element<InT>;
-  constexpr int kVec = E::kPerVector, kVecsPerRow = kQuantTile / kVec;
-  constexpr int kCopies = kQuantTile * kVecsPerRow / kQuantThreads, kCopyRowStep = kQuantThreads / kVecsPerRow;
-  static_assert(kQuantTile * kVecsPerRow % kQuantThreads == 0, "every thread copies the same number of vectors");
-  // Rows padded by 16 bytes: row r + 4 starts 16 banks after row r, so the two halves of a column pair
-  // (rows 4 apart) and, rowwise, the 16-byte reads of two consecutive rows fall on disjoint banks.
-  constexpr int kTilePitch = kQuantTile + 16 / sizeof(InT);
-  __shared__ __align__(16) InT tile[2][kQuantTile][kTilePitch];
-  // Columnwise codes and scale bytes, per column and block, until the lanes regrouped per column store
-  // them. The codes' block index is XOR-swizzled with bits 2-3 of the column (col_stage_blk): both the
-  // writers (16 consecutive columns, one block) and the readers (4 columns x 4 blocks) of a half-warp's
-  // 8-byte accesses then cover all 32 banks once.
-  __shared__ uint2 col_stage[kColwise ? kQuantTile : 1][kBlocksPerTileRow];
-  __shared__ uint8_t col_scale_stage[kColwise ? kQuantTile : 1][kBlocksPerTileRow];
-  __shared__ float row_block_max[k2D ? kQuantTile : 1][kBlocksPerTileRow];
-  // per row / column of the current tile; with tensor scaling, one entry for the whole call
-  __shared__ GlobalScale row_global[kRowwise && kRowScaled ? kQuantTile : 1];
-  __shared__ GlobalScale col_global[kColwise && kRowScaled ? kQuantTile : 1];
-  const int t = threadIdx.x;
-  // (tile row, tile column) advance without a division per tile: a 64-bit division is a called subroutine
-  // of ~25 instructions.
-  const int tiles_k = static_cast<int>((cols + kQuantTile - 1) / kQuantTile);
-  const int n_tiles = static_cast<int>((rows + kQuantTile - 1) / kQuantTile) * tiles_k;
-  const int cta = blockIdx.x, ctas = gridDim.x, per_cta = n_tiles / ctas, extra = n_tiles % ctas;
-  const int first_tile = cta * per_cta + min(cta, extra), end_tile = first_tile + per_cta + (cta < extra ? 1 : 0);
-  auto advance = [&](int& tm, int& tk) {
-    if (++tk == tiles_k) tk = 0, ++tm;
-  };
-  // extents of a tile that lie inside the tensor, at most 64
-  auto rows_in = [&](int tm) { return static_cast<int>(std::min<int64_t>(rows - int64_t{tm} * kQuantTile, kQuantTile)); };
-  auto cols_in = [&](int tk) { return static_cast<int>(std::min<int64_t>(cols - int64_t{tk} * kQuantTile, kQuantTile)); };
+  using L = QuantLane<InT>;
+  constexpr int kVec = L::kVec, kBlockLanes = L::kBlockLanes, kOwnedRows = L::kOwnedRows;
+  // Each warp's rowwise outputs: its tile row's codes of kCodeStageTiles consecutive tiles and its scales
+  // of the unit's kUnitTiles tiles.
+  __shared__ __align__(16) uint8_t row_code_stage[kRowwise ? kQuantWarps : 1][L::kTileRows][kCodeStageBytes];
+  __shared__ __align__(16) uint8_t row_scale_stage[kRowwise ? kQuantWarps : 1][L::kTileRows][kScaleStageBytes];
+  // Columnwise outputs of the CTA's current tiles (its warps' tile rows are stacked), gathered so that a
+  // column's codes leave in 128-byte lines (64 with fp32) and its scales 16 bytes at a time. The codes'
+  // 16-byte pieces are XOR-swizzled with the lane's column group, so that the lanes' writes spread over
+  // the banks.
+  constexpr int kColCodeBytes = kQuantWarps * L::kTileRows / 2, kColScaleBytes = kQuantWarps * L::kTileRows / 16;
+  constexpr int kColCodePieces = kColCodeBytes / 16;
+  __shared__ __align__(16) uint8_t col_code_stage[kColwise ? kQuantTileCols : 1][kColCodeBytes];
+  __shared__ __align__(16) uint8_t col_scale_stage[kColwise ? kQuantTileCols : 1][kColScaleBytes];
+  auto col_code_piece = [](int col, int piece) { return piece ^ (col / 8 % kColCodePieces); };
+  // the global scales (row scaling) of the current tile's rows and columns
+  __shared__ GlobalScale row_global[kRowwise && kRowScaled ? kQuantWarps : 1][L::kTileRows];
+  __shared__ GlobalScale col_global[kColwise && kRowScaled ? kQuantWarps : 1][kQuantTileCols];
+  // the rowwise blocks' inverse scales r, [block][row] so that two consecutive rows are one 8-byte read
+  __shared__ __align__(8) float row_inverse[kRowwise && !k2D ? kQuantWarps : 1][L::kTileBlocks][L::kTileRows];
 
-  const int cp_row = t / kVecsPerRow, cp_col = (t % kVecsPerRow) * kVec;
-  // this thread's first source element within a tile, and the distance to its next one
-  const InT* const cp_src = x + cp_row * x_row_stride + cp_col;
-  const int64_t cp_step = kCopyRowStep * x_row_stride;
-  // M and K are multiples of 16, so a 16-element block is wholly inside or outside; outside is zero-filled
-  auto prefetch = [&](int tm, int tk, int buf) {
-    const InT* src = cp_src + int64_t{tm} * (kQuantTile * x_row_stride) + int64_t{tk} * kQuantTile;
-    const int rows_left = rows_in(tm);
-    const bool col_inside = cp_col < cols_in(tk);
-#pragma unroll
-    for (int i = 0; i < kCopies; ++i, src += cp_step) {  // a trip count nvcc can unroll
-      const int r = cp_row + i * kCopyRowStep;
-      const bool inside = col_inside && r < rows_left;
-      cp_async_16(&tile[buf][r][cp_col], inside ? src : x, inside);
-    }
-  };
-
-  // Tensor scaling: the one global scale is computed once, and kept in shared memory rather than in
-  // registers live across the tile loop (4 more registers cost a CTA per SM). The loop's first barrier
-  // publishes it.
-  if constexpr (!kRowScaled) {
-    if (kRowwise && t == 0) row_global[0] = global_scale(row_amax[0]);
-    if (kColwise && t == 32) col_global[0] = global_scale(col_amax[0]);
-  }
-
-  // Thread roles: rowwise block (row t/4, block t%4). Columnwise, lanes l and l^1 of a warp share
-  // columns 2p, 2p+1 of block t/64 (p = 16 * (warp % 2) + l / 2): lane half h = l % 2 reads the block's
-  // rows 4h..4h+3 and 8+4h..8+4h+3 (with the row padding, the halves' words fall on disjoint banks), and
-  // after the exchanges owns column 2p+h. The columnwise store regroups lanes per column (column t/4,
-  // block t%4).
-  const int rw_row = t / kBlocksPerTileRow, rw_blk = t % kBlocksPerTileRow;
-  const int cw_half = t % 2, cw_pair = t / 32 % 2 * 16 + t % 32 / 2, cw_blk = t / kQuantTile;
-  const int cw_col = 2 * cw_pair + cw_half;
-  const int st_col = t / kBlocksPerTileRow, st_blk = t % kBlocksPerTileRow;
-  auto col_stage_blk = [](int col, int blk) { return blk ^ (col / 4 % kBlocksPerTileRow); };
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int kc = lane % L::kLanesK, group = lane / L::kLanesK, q = lane % kBlockLanes;
+  const int block = kc / kBlockLanes;  // the lane's rowwise block within the tile
+  const int tiles_k = static_cast<int>((cols + kQuantTileCols - 1) / kQuantTileCols);
+  const int units_k = (tiles_k + kUnitTiles - 1) / kUnitTiles;
+  const int tiles_m = static_cast<int>((rows + L::kTileRows - 1) / L::kTileRows);
+  const int n_units = (tiles_m + kQuantWarps - 1) / kQuantWarps * units_k;
+  const int ctas = gridDim.x, cta = blockIdx.x;
+  const int per_cta = n_units / ctas, extra = n_units % ctas;
+  const int first_unit = cta * per_cta + min(cta, extra), end_unit = first_unit + per_cta + (cta < extra ? 1 : 0);
   const int64_t row_data_pitch = cols / 2, row_scale_pitch = cols / 16;
   const int64_t col_data_pitch = rows / 2, col_scale_pitch = rows / 16;
 
-  int buf = 0;
-  int tm = first_tile / tiles_k, tk = first_tile % tiles_k, scaled_tm = -1;
-  int next_tm = tm, next_tk = tk;
-  advance(next_tm, next_tk);
-  if (first_tile < end_tile) prefetch(tm, tk, 0);
-  cp_async_commit();
-  for (int tile_id = first_tile; tile_id < end_tile; ++tile_id, buf ^= 1) {
-    if (tile_id + 1 < end_tile) prefetch(next_tm, next_tk, buf ^ 1);
-    cp_async_commit();  // possibly empty: keeps "all but the newest group" meaning "the current tile"
-    const int64_t m0 = int64_t{tm} * kQuantTile, k0 = int64_t{tk} * kQuantTile;
-    const int rows_left = rows_in(tm), cols_left = cols_in(tk);
-    // the global scales of the tile's rows and columns, once each, while the copies land
-    if constexpr (kRowScaled) {
-      if (kRowwise && t < kQuantTile) {
-        if (tm != scaled_tm) row_global[t] = global_scale(row_amax[m0 + (t < rows_left ? t : 0)]);
-      } else if (kColwise && t >= kQuantTile && t < 2 * kQuantTile) {
-        const int c = t - kQuantTile;
-        col_global[c] = global_scale(col_amax[k0 + (c < cols_left ? c : 0)]);
-      }
-    }
-    cp_async_wait<1>();
-    __syncthreads();
+  // how many of the 16 rows from row0 on lie inside the tensor (so per-row tests are 32-bit)
+  auto rows_inside = [&](int64_t row0) { return static_cast<int>(std::max<int64_t>(std::min<int64_t>(rows - row0, 16), 0)); };
 
-    const bool rw_ok = rw_row < rows_left && rw_blk * 16 < cols_left;
-    const bool cw_ok = cw_col < cols_left && cw_blk * 16 < rows_left;
-    uint32_t rw_words[16 * sizeof(InT) / 4];  // a row block is 16 contiguous elements: read it as 16-byte vectors
-#pragma unroll
-    for (int v = 0; v < 16 / kVec; ++v)
-      *reinterpret_cast<uint4*>(&rw_words[4 * v]) =
-          *reinterpret_cast<const uint4*>(&tile[buf][rw_row][rw_blk * 16 + v * kVec]);
-    float rw[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) rw[i] = E::word_element_to_float(rw_words, i);
-    const float rw_amax = block_abs_max_words<InT>(rw_words);
-    if constexpr (k2D) {  // 16x16 tile amax: max over the 16 row-block maxima of the tile
-      row_block_max[rw_row][rw_blk] = rw_amax;
-      __syncthreads();
-    }
-    auto tile_16x16_max = [&](int tile_row, int tile_col) {
-      float m = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) m = fmaxf(m, row_block_max[tile_row * 16 + j][tile_col]);
-      return m;
-    };
+  // tensor scaling: one global scale per direction for the whole call
+  GlobalScale tensor_row_global{}, tensor_col_global{};
+  if constexpr (!kRowScaled) {
+    if (kRowwise) tensor_row_global = global_scale(row_amax[0]);
+    if (kColwise) tensor_col_global = global_scale(col_amax[0]);
+  }
 
-    if constexpr (kRowwise) {
-      if (rw_ok) {
-        const int64_t grow = m0 + rw_row;
-        const float bamax = k2D ? tile_16x16_max(rw_row / 16, rw_blk) : rw_amax;
-        const BlockEncoding enc = encode_block_scale(bamax, row_global[kRowScaled ? rw_row : 0]);
-        *reinterpret_cast<uint2*>(row_data + grow * row_data_pitch + k0 / 2 + rw_blk * 8) =
-            encode_block_codes<kHardwareCvt>(rw, enc.inverse);
-        row_scale[grow * row_scale_pitch + k0 / 16 + rw_blk] = static_cast<uint8_t>(enc.scale_byte);
-      }
+  // Writes the staged rowwise bytes of the warp's tile rows to global memory: `width` bytes of each row,
+  // from tensor column byte `first_byte` of a row `pitch` bytes long, in 16-byte pieces where aligned.
+  auto flush_rows = [&](uint8_t* dst, int64_t pitch, int64_t first_byte, const uint8_t* stage, int width,
+                        int64_t m0) {
+    __syncwarp();  // every lane's bytes are staged
+    const int pieces = width / 16;
+    for (int id = lane; id < L::kTileRows * pieces; id += 32) {
+      const int r = id / pieces, piece = id % pieces;
+      const int64_t offset = first_byte + 16 * piece;
+      const int n = static_cast<int>(std::min<int64_t>(pitch - offset, 16));
+      if (m0 + r >= rows || n <= 0) continue;
+      store_piece<16>(dst + (m0 + r) * pitch + offset, stage + r * width + 16 * piece, n);
     }
-    if constexpr (kColwise) {
-      // a row of the column pair: one 32-bit word of two 16-bit elements, or two fp32 words
-      constexpr int kPairWords = sizeof(InT) / 2;
-      uint32_t cw_words[8][kPairWords];
+    __syncwarp();  // the stage may be refilled
+  };
+
+  // Row scaling: the amaxes of a tile's rows and columns, lane l holding those of rows/columns l and
+  // l + 32, are loaded a tile ahead and turned into the warp's shared global scales at the end of the
+  // tile before (the rows' only when the tile row changes), so a tile reads them with no wait.
+  constexpr int kRowAmaxPerLane = (L::kTileRows + 31) / 32, kColAmaxPerLane = kQuantTileCols / 32;
+  float next_row_amax[kRowAmaxPerLane], next_col_amax[kColAmaxPerLane];
+  auto load_amaxes = [&](int tm, int tk) {
+    if constexpr (kRowScaled && kRowwise) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const InT* src = &tile[buf][cw_blk * 16 + 8 * (i / 4) + 4 * cw_half + i % 4][2 * cw_pair];
-        if constexpr (kPairWords == 1) {
-          cw_words[i][0] = *reinterpret_cast<const uint32_t*>(src);
-        } else {
-          const uint2 w = *reinterpret_cast<const uint2*>(src);
-          cw_words[i][0] = w.x, cw_words[i][1] = w.y;
-        }
-      }
-      float lo[8], hi[8];  // columns 2p and 2p+1
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        lo[i] = E::word_element_to_float(cw_words[i], 0), hi[i] = E::word_element_to_float(cw_words[i], 1);
-      float bamax;
-      if constexpr (k2D) {
-        bamax = tile_16x16_max(cw_blk, cw_col / 16);
-      } else if constexpr (kPairWords == 1) {
-        auto abs_max = [](uint32_t a, uint32_t b) { return abs_max_xorsign<InT>(a, b); };
-        auto word = [&](int i) { return cw_words[i][0]; };
-        uint32_t m = abs_max(abs_max(abs_max(word(0), word(1)), abs_max(word(2), word(3))),
-                             abs_max(abs_max(word(4), word(5)), abs_max(word(6), word(7))));
-        m = abs_max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-        bamax = xorsign_half_to_amax<InT>(m, cw_half);
-      } else {
-        float m_lo = 0.0f, m_hi = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) m_lo = fmaxf(m_lo, fabsf(lo[i])), m_hi = fmaxf(m_hi, fabsf(hi[i]));
-        // send the partner the half of the column it owns
-        const float theirs = __shfl_xor_sync(0xFFFFFFFFu, cw_half ? m_lo : m_hi, 1);
-        bamax = fmaxf(cw_half ? m_hi : m_lo, theirs);
-      }
-      const BlockEncoding enc = encode_block_scale(bamax, col_global[kRowScaled ? cw_col : 0]);
-      const float r_theirs = __shfl_xor_sync(0xFFFFFFFFu, enc.inverse, 1);
-      const uint32_t codes_lo = encode_codes8<kHardwareCvt>(lo, cw_half ? r_theirs : enc.inverse);
-      const uint32_t codes_hi = encode_codes8<kHardwareCvt>(hi, cw_half ? enc.inverse : r_theirs);
-      // Each code word holds this half's rows: codes of rows 4h..4h+3 in its low 16 bits, of rows
-      // 8+4h..8+4h+3 in its high 16 bits. Lane half 0 supplies the low halves of the column's two words.
-      const uint32_t mine = cw_half ? codes_hi : codes_lo;
-      const uint32_t theirs = __shfl_xor_sync(0xFFFFFFFFu, cw_half ? codes_lo : codes_hi, 1);
-      if (cw_ok) {
-        // PRMT selectors: bytes 0-3 are mine, 4-7 theirs; half 0's bytes go low in each 16-bit pair
-        const uint32_t sel_low = cw_half ? 0x1054u : 0x5410u, sel_high = cw_half ? 0x3276u : 0x7632u;
-        col_stage[cw_col][col_stage_blk(cw_col, cw_blk)] =
-            make_uint2(__byte_perm(mine, theirs, sel_low), __byte_perm(mine, theirs, sel_high));
-        col_scale_stage[cw_col][cw_blk] = static_cast<uint8_t>(enc.scale_byte);
-      }
+      for (int k = 0; k < kRowAmaxPerLane; ++k)
+        next_row_amax[k] = row_amax[std::min<int64_t>(int64_t{tm} * L::kTileRows + lane + 32 * k, rows - 1)];
     }
-    // every read of tile[buf], the global scales and the 16x16 maxima is done before this barrier,
-    // so the next iteration may refill them
-    __syncthreads();
-    // lanes 4c..4c+3 write column c's four 8-byte blocks (32 contiguous bytes) and its four scale bytes
-    if constexpr (kColwise) {
-      if (st_col < cols_left && st_blk * 16 < rows_left) {
-        *reinterpret_cast<uint2*>(col_data + (k0 + st_col) * col_data_pitch + m0 / 2 + st_blk * 8) =
-            col_stage[st_col][col_stage_blk(st_col, st_blk)];
-        col_scale[(k0 + st_col) * col_scale_pitch + m0 / 16 + st_blk] = col_scale_stage[st_col][st_blk];
-      }
+    if constexpr (kRowScaled && kColwise) {
+#pragma unroll
+      for (int k = 0; k < kColAmaxPerLane; ++k)
+        next_col_amax[k] = col_amax[std::min<int64_t>(int64_t{tk} * kQuantTileCols + lane + 32 * k, cols - 1)];
+    }
+  };
+
+  int scaled_tm = -1;
+  auto publish_global_scales = [&](int tm) {
+    __syncwarp();  // every lane is done reading the previous tile's
+    if (kRowwise && tm != scaled_tm) {
+#pragma unroll
+      for (int k = 0; k < kRowAmaxPerLane; ++k)
+        if (lane + 32 * k < L::kTileRows) row_global[warp][lane + 32 * k] = global_scale(next_row_amax[k]);
+    }
+    if (kColwise) {
+#pragma unroll
+      for (int k = 0; k < kColAmaxPerLane; ++k) col_global[warp][lane + 32 * k] = global_scale(next_col_amax[k]);
     }
     scaled_tm = tm;
-    tm = next_tm, tk = next_tk;
-    advance(next_tm, next_tk);
+    __syncwarp();
+  };
+
+  // The CTA's units in turn, its warps in step: a unit is kUnitTiles consecutive tiles (the last of a row
+  // may have fewer) of kQuantWarps consecutive tile rows, one per warp.
+  auto unit_tm = [&](int unit) { return unit / units_k * kQuantWarps + warp; };
+  auto unit_first_tk = [&](int unit) { return unit % units_k * kUnitTiles; };
+  auto unit_end_tk = [&](int unit) { return std::min(unit_first_tk(unit) + kUnitTiles, tiles_k); };
+  int unit = first_unit, tm = unit_tm(unit), tk = unit_first_tk(unit);
+  if (kRowScaled && first_unit < end_unit) load_amaxes(tm, tk), publish_global_scales(tm);
+  while (unit < end_unit) {
+    const int64_t m0 = int64_t{tm} * L::kTileRows, k0 = int64_t{tk} * kQuantTileCols;
+    const int64_t row0 = m0 + 16 * group, col0 = k0 + kc * kVec;
+    const bool col_ok = col0 < cols;
+    const int rows_here = rows_inside(row0);  // 0 or 16 where the columnwise copy is made (M % 16 == 0)
+    const bool unit_ends = tk + 1 == unit_end_tk(unit);
+    const int next_unit = unit_ends ? unit + 1 : unit;
+    const int next_tm = unit_ends ? unit_tm(next_unit) : tm, next_tk = unit_ends ? unit_first_tk(next_unit) : tk + 1;
+    const bool has_next = next_unit < end_unit;
+    // The patch, straight into registers (16 loads in flight). M and K are multiples of 16 wherever a
+    // 16-element block is read whole, so each block is wholly inside or outside; outside reads as zeros
+    // and is not stored.
+    uint4 patch[16];
+    {
+      const int rows_read = col_ok ? rows_here : 0;
+      const InT* src = x + row0 * x_row_stride + col0;
+#pragma unroll
+      for (int i = 0; i < 16; ++i, src += x_row_stride)
+        patch[i] = i < rows_read ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+    }
+    if (kRowScaled && has_next) load_amaxes(next_tm, next_tk);
+    float row_amax_of[kOwnedRows], col_amax_of[kVec];
+    patch_block_amax<InT, kRowwise, kColwise, k2D>(patch, q, row_amax_of, col_amax_of);
+
+    // Block scales: sdec bytes to the stages, inverses r kept (rowwise: in shared memory, read per row pair).
+    float col_r[kColwise ? kVec : 1];
+    float row_r_2d = 0.0f;  // 16x16 blocks: one rowwise r for the whole patch
+    if constexpr (kRowwise) {
+      uint8_t* scale_dst = &row_scale_stage[warp][16 * group + q][tk % kUnitTiles * L::kTileBlocks + block];
+#pragma unroll
+      for (int j = 0; j < kOwnedRows; ++j, scale_dst += kBlockLanes * kScaleStageBytes) {
+        const int i = kBlockLanes * j + q;
+        const GlobalScale g = kRowScaled ? row_global[warp][16 * group + i] : tensor_row_global;
+        const BlockEncoding enc = encode_block_scale(row_amax_of[j], g);
+        if constexpr (k2D) {
+          row_r_2d = enc.inverse;
+        } else {
+          row_inverse[warp][block][16 * group + i] = enc.inverse;
+        }
+        *scale_dst = static_cast<uint8_t>(enc.scale_byte);
+      }
+    }
+    if constexpr (kColwise) {
+#pragma unroll
+      for (int c = 0; c < kVec; ++c) {
+        const GlobalScale g = kRowScaled ? col_global[warp][kc * kVec + c] : tensor_col_global;
+        const BlockEncoding enc = encode_block_scale(col_amax_of[c], g);
+        col_r[c] = enc.inverse;
+        col_scale_stage[kc * kVec + c][warp * (L::kTileRows / 16) + group] = static_cast<uint8_t>(enc.scale_byte);
+      }
+    }
+    if constexpr (kRowwise && !k2D) __syncwarp();  // row_inverse written by the rows' owners
+
+    // Codes, two rows at a time, to the stages: a lane's kVec codes of a row; a columnwise byte holds rows
+    // 2p and 2p+1 of a column, a columnwise word the half's 8 rows. Row i0 of the half is staged at
+    // row_dst + (i0 - 8 * half) * kCodeStageBytes.
+    uint8_t* row_dst = &row_code_stage[warp][16 * group][tk % kCodeStageTiles * (kQuantTileCols / 2) + kc * kVec / 2];
+#pragma unroll 1
+    for (int half = 0; half < 2; ++half, row_dst += 8 * kCodeStageBytes) {
+      uint32_t col_words[kColwise ? kVec : 1];
+#pragma unroll
+      for (int c = 0; c < (kColwise ? kVec : 1); ++c) col_words[c] = code_word_start<kHardwareCvt, 8>();
+#pragma unroll
+      for (int pp = 0; pp < 4; ++pp) {
+        const int i0 = 8 * half + 2 * pp;  // rows i0, i0 + 1 of the patch
+        const uint4 vec[2] = {patch[2 * pp], patch[2 * pp + 1]};  // rows i0, i0 + 1 (the halves' move below)
+        float v[2][kVec];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int c = 0; c < kVec; ++c) v[h][c] = Element<InT>::word_element_to_float(&vec[h].x, c);
+        if constexpr (kRowwise) {
+          const float2 r = k2D ? make_float2(row_r_2d, row_r_2d)
+                               : *reinterpret_cast<const float2*>(&row_inverse[warp][block][16 * group + i0]);
+          const uint32_t codes[2] = {encode_codes<kHardwareCvt, kVec>(v[0], r.x),
+                                     encode_codes<kHardwareCvt, kVec>(v[1], r.y)};
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint8_t* dst = row_dst + (2 * pp + h) * kCodeStageBytes;
+            if constexpr (kVec == 8) {
+              *reinterpret_cast<uint32_t*>(dst) = codes[h];
+            } else {
+              *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(codes[h]);
+            }
+          }
+        }
+        if constexpr (kColwise) {
+#pragma unroll
+          for (int c = 0; c < kVec; ++c)
+            col_words[c] += e2m1_byte<kHardwareCvt>(__fmul_rn(v[0][c], col_r[c]), __fmul_rn(v[1][c], col_r[c]))
+                            << (8 * pp);
+        }
+      }
+      if constexpr (kColwise) {
+        // the column's bytes of rows row0 + 8 * half ... + 7, within the CTA's rows
+        const int offset = warp * (L::kTileRows / 2) + group * 8 + half * 4;
+#pragma unroll
+        for (int c = 0; c < kVec; ++c) {
+          const int col = kc * kVec + c;
+          *reinterpret_cast<uint32_t*>(&col_code_stage[col][col_code_piece(col, offset / 16) * 16 + offset % 16]) =
+              col_words[c];
+        }
+      }
+      // the second half's rows move to where the loop body reads the first half's
+#pragma unroll
+      for (int i = 0; i < 8; ++i) patch[i] = patch[i + 8];
+    }
+    // the CTA's columnwise outputs of this tile column leave together
+    if constexpr (kColwise) {
+      __syncthreads();
+      const int64_t cta_m0 = m0 - int64_t{warp} * L::kTileRows;
+      for (int id = threadIdx.x; id < kQuantTileCols * kColCodePieces; id += kQuantThreads) {
+        const int col = id / kColCodePieces, piece = id % kColCodePieces;
+        const int64_t offset = cta_m0 / 2 + 16 * piece;
+        if (k0 + col < cols && offset < col_data_pitch)
+          store_piece<16>(col_data + (k0 + col) * col_data_pitch + offset, &col_code_stage[col][col_code_piece(col, piece) * 16],
+                          static_cast<int>(std::min<int64_t>(col_data_pitch - offset, 16)));
+      }
+      for (int col = threadIdx.x; col < kQuantTileCols; col += kQuantThreads) {
+        const int64_t offset = cta_m0 / 16;
+        if (k0 + col < cols && offset < col_scale_pitch)
+          store_piece<kColScaleBytes>(col_scale + (k0 + col) * col_scale_pitch + offset, &col_scale_stage[col][0],
+                                      static_cast<int>(std::min<int64_t>(col_scale_pitch - offset, kColScaleBytes)));
+      }
+      __syncthreads();  // the stages may be refilled
+    }
+    // staged rowwise outputs leave when their lines are whole: codes every kCodeStageTiles tiles, scales
+    // at the end of the unit (either also at the end of the tile row)
+    if constexpr (kRowwise) {
+      if (tk % kCodeStageTiles == kCodeStageTiles - 1 || unit_ends)
+        flush_rows(row_data, row_data_pitch, (k0 - tk % kCodeStageTiles * kQuantTileCols) / 2,
+                   &row_code_stage[warp][0][0], kCodeStageBytes, m0);
+      if (unit_ends)
+        flush_rows(row_scale, row_scale_pitch, int64_t{unit_first_tk(unit)} * (kQuantTileCols / 16),
+                   &row_scale_stage[warp][0][0], kScaleStageBytes, m0);
+    }
+    if (kRowScaled && has_next) publish_global_scales(next_tm);
+    unit = next_unit, tm = next_tm, tk = next_tk;
   }
-  cp_async_wait<0>();
 }
 
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D>
 int quantize_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax,
                            const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data,
                            uint8_t* col_scale) {
+  constexpr int64_t kTileRows = QuantLane<InT>::kTileRows;
   if (rows < 0 || cols < 0 || cols % 16 != 0) return kInvalidProblem;
   if ((kColwise || k2D) && rows % 16 != 0) return kInvalidProblem;
-  if (((rows + kQuantTile - 1) / kQuantTile) * ((cols + kQuantTile - 1) / kQuantTile) > kMaxQuantTiles)
+  if (((rows + kTileRows - 1) / kTileRows) * ((cols + kQuantTileCols - 1) / kQuantTileCols) > kMaxQuantTiles)
     return kInvalidProblem;
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
   if (kRowwise && (row_amax == nullptr || row_data == nullptr || row_scale == nullptr)) return kInvalidProblem;
@@ -264,8 +425,9 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kQuantThreads, 0) != cudaSuccess)
     return launch_status();
-  const int64_t tiles = ((rows + kQuantTile - 1) / kQuantTile) * ((cols + kQuantTile - 1) / kQuantTile);
-  const int64_t grid = std::min<int64_t>(tiles, static_cast<int64_t>(sms) * std::max(per_sm, 1));
+  constexpr int64_t kTileRows = QuantLane<InT>::kTileRows, kUnitCols = kUnitTiles * kQuantTileCols;
+  const int64_t units = ((rows + kTileRows * kQuantWarps - 1) / (kTileRows * kQuantWarps)) * ((cols + kUnitCols - 1) / kUnitCols);
+  const int64_t grid = std::min<int64_t>(units, static_cast<int64_t>(sms) * std::max(per_sm, 1));
   kernel<<<static_cast<unsigned>(grid), kQuantThreads, 0, stream>>>(
       static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data,
       col_scale);
