@@ -61,7 +61,7 @@ struct QuantLane {
 // kernels do (block_abs_max_words): `col[c]` for the lane's columns (16 rows each); `row[j]` for the
 // rowwise blocks of its owned rows kBlockLanes * j + q, which needs the other lanes of the block, so every
 // lane of the warp must call it. With 16x16 blocks every entry is the amax of the 16 x 16 tile.
-template <class InT, bool kRows, bool kCols, bool k2D>
+template <class InT, bool kRows, bool k2D>
 __device__ __forceinline__ void patch_block_amax(const uint4 (&patch)[16], int q, float (&row)[QuantLane<InT>::kOwnedRows],
                                                  float (&col)[QuantLane<InT>::kVec]) {
   using L = QuantLane<InT>;
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     }
     if (kRowScaled && has_next) load_amaxes(next_tm, next_tk);
     float row_amax_of[kOwnedRows], col_amax_of[kVec];
-    patch_block_amax<InT, kRowwise, kColwise, k2D>(patch, q, row_amax_of, col_amax_of);
+    patch_block_amax<InT, kRowwise, k2D>(patch, q, row_amax_of, col_amax_of);
 
     // Block scales: sdec bytes to the stages, inverses r kept (rowwise: in shared memory, read per row pair).
     float col_r[kColwise ? kVec : 1];
