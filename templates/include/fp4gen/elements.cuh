@@ -16,7 +16,6 @@ template <>
 struct Element<__nv_bfloat16> {
   static constexpr int kPerVector = 8;
   static constexpr uint32_t kAbsMask = 0x7FFFu;
-  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
   // element i of 16-bit elements packed in words: the odd one is its word with the low half cleared (one
   // LOP3, where nvcc otherwise extracts the half with PRMT and then shifts it)
   static __device__ __forceinline__ float word_element_to_float(const uint32_t* words, int i) {
@@ -31,7 +30,6 @@ template <>
 struct Element<__half> {
   static constexpr int kPerVector = 8;
   static constexpr uint32_t kAbsMask = 0x7FFFu;
-  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
   static __device__ __forceinline__ float word_element_to_float(const uint32_t* words, int i) {
     return __half2float(reinterpret_cast<const __half*>(words)[i]);
   }
@@ -44,7 +42,6 @@ template <>
 struct Element<float> {
   static constexpr int kPerVector = 4;
   static constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
-  static __device__ __forceinline__ float to_float(float v) { return v; }
   static __device__ __forceinline__ float word_element_to_float(const uint32_t* words, int i) {
     return __uint_as_float(words[i]);
   }
@@ -93,25 +90,6 @@ template <class InT>
 __device__ __forceinline__ float xorsign_half_to_amax(uint32_t m, int i) {
   const uint32_t abs_bits = (m >> (16 * i)) & Element<InT>::kAbsMask;
   return fmaxf(__uint_as_float(Element<InT>::abs_bits_as_float_bits(abs_bits)), 0.0f);
-}
-
-// Block amax as upstream's kernels compute it (max |x|, NaN elements ignored, 0 if all are NaN) over the
-// 16 elements of a block held as 32-bit words. 16-bit elements go two at a time through abs_max_xorsign
-// and only the last pair is widened to fp32.
-template <class InT>
-__device__ __forceinline__ float block_abs_max_words(const uint32_t (&words)[16 * sizeof(InT) / 4]) {
-  if constexpr (std::is_same_v<InT, float>) {
-    float m = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(__uint_as_float(words[i])));
-    return m;
-  } else {
-    auto abs_max = [](uint32_t a, uint32_t b) { return abs_max_xorsign<InT>(a, b); };
-    const uint32_t m = abs_max(abs_max(abs_max(words[0], words[1]), abs_max(words[2], words[3])),
-                               abs_max(abs_max(words[4], words[5]), abs_max(words[6], words[7])));
-    const InT* pair = reinterpret_cast<const InT*>(&m);
-    return fmaxf(fmaxf(fabsf(Element<InT>::to_float(pair[0])), fabsf(Element<InT>::to_float(pair[1]))), 0.0f);
-  }
 }
 
 }  // namespace fp4gen

@@ -159,11 +159,18 @@ constexpr uint32_t software_code_word_start() {
   return 0u - magics;
 }
 
-// Eight codes of fl(v[i] * r) packed into a word, element 0 in the low nibble.
+// The byte of two codes, `lo` in the low nibble, with both codes' magic: what the kernels add into a word
+// at a byte position (e2m1_byte<false>).
+__host__ __device__ __forceinline__ uint32_t e2m1_byte_software(float lo, float hi) {
+  return e2m1_code_bits(lo) + (e2m1_code_bits(hi) << 4);
+}
+
+// Eight codes of fl(v[i] * r) packed into a word, element 0 in the low nibble, built the way the kernels
+// build theirs (a byte of two codes at a time), so that tests/cuda/e2m1_exhaustive.cu checks that path.
 __host__ __device__ __forceinline__ uint32_t e2m1_pack8_software(const float* v, float r) {
   uint32_t word = software_code_word_start<8>();
 #pragma unroll
-  for (int i = 0; i < 8; ++i) word += e2m1_code_bits(mul_rn(v[i], r)) << (4 * i);
+  for (int j = 0; j < 4; ++j) word += e2m1_byte_software(mul_rn(v[2 * j], r), mul_rn(v[2 * j + 1], r)) << (8 * j);
   return word;
 }
 
@@ -188,7 +195,7 @@ __device__ __forceinline__ uint32_t e2m1_byte(float lo, float hi) {
   if constexpr (kHardwareCvt) {
     return e2m1_encode_pair_hardware(lo, hi);
   } else {
-    return e2m1_code_bits(lo) + (e2m1_code_bits(hi) << 4);
+    return e2m1_byte_software(lo, hi);
   }
 }
 

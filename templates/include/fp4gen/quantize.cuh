@@ -58,7 +58,7 @@ struct QuantLane {
 };
 
 // The block amaxes of a lane's patch (patch[i]: its vector of row i), NaN elements ignored as upstream's
-// kernels do (block_abs_max_words): `col[c]` for the lane's columns (16 rows each); `row[j]` for the
+// kernels do (0 if all are NaN): `col[c]` for the lane's columns (16 rows each); `row[j]` for the
 // rowwise blocks of its owned rows kBlockLanes * j + q, which needs the other lanes of the block, so every
 // lane of the warp must call it. With 16x16 blocks every entry is the amax of the 16 x 16 tile.
 template <class InT, bool kRows, bool k2D>
