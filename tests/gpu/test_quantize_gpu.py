@@ -124,6 +124,30 @@ def test_nan_input_16bit_columnwise(dtype, direction):
         assert_same(x, scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("scaling,block", MODES)
+def test_16bit_fast_encode_and_its_fallback(dtype, direction, scaling, block):
+    # sm_90a encodes a 16-bit tile with fewer instructions where every block allows it (no saturation,
+    # no product that underflows, no NaN) and exactly otherwise: tiles of both kinds side by side, -0.0
+    # throughout, and each reason for the fallback in a tile of its own
+    g = torch.Generator(device="cuda").manual_seed(17)
+    x = torch.randn(256, 512, device="cuda", generator=g)
+    x[::3, ::5] = -0.0
+    x[70, 130] = 3e4                   # tile (1, 2): a large value, so that a small block of its row ...
+    x[70, 144:160] *= 1e-3             # ... gets a coarse (subnormal or zero) E4M3 scale: codes saturate
+    x[200:216, 400] = 1e-30 * torch.randn(16, device="cuda", generator=g).abs()  # tiny positive column block
+    # (with one amax for the tensor, a huge value or a NaN would send every tile to the exact encode)
+    if dtype == torch.bfloat16 and scaling == "row":
+        x[130, 70] = 3e38              # tile (2, 1): a huge block ...
+        x[131:146, 64:80] = -1e-30     # ... whose tiny negative products round to -0 (code 0, not 8)
+    x = x.to(dtype)
+    if scaling == "row":
+        x.view(torch.int16)[250, 260] = -64  # 0xFFC0: a NaN with its sign bit set (code 7)
+    rowwise, columnwise = DIRECTIONS[direction]
+    assert_same(x, scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
+
+
 def test_inf_input():
     x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
     x[3, 3] = float("inf")

@@ -16,6 +16,7 @@ template <>
 struct Element<__nv_bfloat16> {
   static constexpr int kPerVector = 8;
   static constexpr uint32_t kAbsMask = 0x7FFFu;
+  static constexpr int kMinSubnormalExponent = 133;  // the least nonzero |x| is 2^-133
   // element i of 16-bit elements packed in words: the odd one is its word with the low half cleared (one
   // LOP3, where nvcc otherwise extracts the half with PRMT and then shifts it)
   static __device__ __forceinline__ float word_element_to_float(const uint32_t* words, int i) {
@@ -30,6 +31,7 @@ template <>
 struct Element<__half> {
   static constexpr int kPerVector = 8;
   static constexpr uint32_t kAbsMask = 0x7FFFu;
+  static constexpr int kMinSubnormalExponent = 24;
   static __device__ __forceinline__ float word_element_to_float(const uint32_t* words, int i) {
     return __half2float(reinterpret_cast<const __half*>(words)[i]);
   }
@@ -42,6 +44,7 @@ template <>
 struct Element<float> {
   static constexpr int kPerVector = 4;
   static constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
+  static constexpr int kMinSubnormalExponent = 149;
   static __device__ __forceinline__ float word_element_to_float(const uint32_t* words, int i) {
     return __uint_as_float(words[i]);
   }

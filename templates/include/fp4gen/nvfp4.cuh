@@ -139,14 +139,20 @@ __host__ __device__ __forceinline__ float negative_flag(float y) {
 #endif
 }
 
-// kRoundMagicBits + the E2M1 code of y, the sign in bit 3 (set iff y < 0). The sign is added as the float
-// 8 (exact: the sum stays below 2^24 + 2^23, where the spacing is 1).
-__host__ __device__ __forceinline__ uint32_t e2m1_code_bits(float y) {
+// kRoundMagicBits + the E2M1 code of |y| before saturation: correct for |y| < 7, where the third candidate
+// is at most 7.
+__host__ __device__ __forceinline__ uint32_t e2m1_unsaturated_magnitude_bits(float y) {
   const float a = fabsf(y);
   const uint32_t c1 = float_bits(fma_rn(a, 2.0f, kRoundMagic));
   const uint32_t c2 = float_bits(fma_rn(a, 1.0f, kRoundMagic + 2.0f));
   const uint32_t c3 = float_bits(fma_rn(a, 0.5f, kRoundMagic + 4.0f));
-  const uint32_t magnitude = min(__vimin3_u32(c1, c2, c3), kRoundMagicBits + 7u);
+  return __vimin3_u32(c1, c2, c3);
+}
+
+// kRoundMagicBits + the E2M1 code of y, the sign in bit 3 (set iff y < 0). The sign is added as the float
+// 8 (exact: the sum stays below 2^24 + 2^23, where the spacing is 1).
+__host__ __device__ __forceinline__ uint32_t e2m1_code_bits(float y) {
+  const uint32_t magnitude = min(e2m1_unsaturated_magnitude_bits(y), kRoundMagicBits + 7u);
   return float_bits(fma_rn(negative_flag(y), 8.0f, bits_float(magnitude)));
 }
 
@@ -213,6 +219,56 @@ __device__ __forceinline__ uint32_t encode_codes(const float* v, float r) {
   for (int j = 0; j < kCodes / 2; ++j)
     word += e2m1_byte<kHardwareCvt>(__fmul_rn(v[2 * j], r), __fmul_rn(v[2 * j + 1], r)) << (8 * j);
   return word;
+}
+
+// ---- The fast software encode (sm_90a, 16-bit inputs). Where a block meets fast_encode_ok (no element of
+// |fl(x * r)| reaches 7, and no nonzero product can round to zero), three steps of e2m1_code_bits drop out:
+//  - saturation, by the bound above;
+//  - the sign flag: y = fma(x, r, +0) is fl(x * r) except that an exact zero product becomes +0, so its
+//    sign bit is set exactly when fl(x * r) < 0 (no underflow to -0 by the bound on r), and the sign bits
+//    of eight elements gather into one word by funnel shifts, one per element, applied with one LOP3;
+//  - NaN never reaches it: a tile with a NaN amax is encoded by the exact path.
+// tests/cuda/e2m1_exhaustive.cu compares encode_codes_fast with the exact encode on the CPU.
+
+// The least r for which no nonzero element of InT times r rounds to zero: its smallest subnormal times r
+// must exceed 2^-150 (bf16: 2^-133, fp16: 2^-24).
+template <int kMinSubnormalExponent>
+constexpr float fast_encode_min_inverse() {
+  float r = 1.0f;
+  for (int e = 0; e < 149 - kMinSubnormalExponent; ++e) r *= 0.5f;
+  return r;
+}
+
+// Whether a block of amax `block_amax` and inverse scale r may take the fast encode.
+template <int kMinSubnormalExponent>
+__host__ __device__ __forceinline__ bool fast_encode_ok(float block_amax, float r) {
+  return r >= fast_encode_min_inverse<kMinSubnormalExponent>() && mul_rn(block_amax, r) < 7.0f;
+}
+
+__host__ __device__ __forceinline__ float fast_encode_product(float x, float r) { return fma_rn(x, r, 0.0f); }
+
+// Shifts `signs` up a nibble and brings in y's top four bits (its sign in bit 3): one SHF.
+__host__ __device__ __forceinline__ uint32_t push_sign_nibble(uint32_t signs, float y) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_l(float_bits(y), signs, 4);
+#else
+  return (signs << 4) | (float_bits(y) >> 28);
+#endif
+}
+
+constexpr uint32_t kSignNibbleBits = 0x88888888u;
+
+// Eight codes of fl(v[i] * r) packed into a word, element 0 in the low nibble, for a block that meets
+// fast_encode_ok.
+__host__ __device__ __forceinline__ uint32_t encode_codes_fast(const float* v, float r) {
+  uint32_t word = software_code_word_start<8>(), signs = 0u;
+#pragma unroll
+  for (int i = 7; i >= 0; --i) {  // from the top element, whose sign nibble is pushed first
+    const float y = fast_encode_product(v[i], r);
+    word += e2m1_unsaturated_magnitude_bits(y) << (4 * i);
+    signs = push_sign_nibble(signs, y);
+  }
+  return word | (signs & kSignNibbleBits);
 }
 
 }  // namespace fp4gen

@@ -153,6 +153,10 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
                     uint8_t* __restrict__ col_scale) {
   using L = QuantLane<InT>;
   constexpr int kVec = L::kVec, kBlockLanes = L::kBlockLanes, kOwnedRows = L::kOwnedRows;
+  // The fast software encode is for 16-bit inputs (whose products with r cannot underflow for r above a
+  // bound), and sm_100a has the hardware conversion.
+  constexpr bool kFastEncode = !kHardwareCvt && sizeof(InT) == 2;
+  constexpr int kMinSubnormalExponent = Element<InT>::kMinSubnormalExponent;
   // Each warp's rowwise outputs: its tile row's codes of kCodeStageTiles consecutive tiles and its scales
   // of the unit's kUnitTiles tiles.
   __shared__ __align__(16) uint8_t row_code_stage[kRowwise ? kQuantWarps : 1][L::kTileRows][kCodeStageBytes];
@@ -190,23 +194,47 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 
   // tensor scaling: one global scale per direction for the whole call
   GlobalScale tensor_row_global{}, tensor_col_global{};
+  // whether a NaN amax (a NaN element) touches this lane's rows / columns of the current tile (row scaling:
+  // the lane's share of the tile's amaxes): the fast encode (encode_codes_fast) is not for NaN, so the
+  // tile takes the exact one if any lane's flag is set
+  bool rows_nan = false, cols_nan = false;
   if constexpr (!kRowScaled) {
-    if (kRowwise) tensor_row_global = global_scale(row_amax[0]);
-    if (kColwise) tensor_col_global = global_scale(col_amax[0]);
+    if (kRowwise) tensor_row_global = global_scale(row_amax[0]), rows_nan = isnan(row_amax[0]);
+    if (kColwise) tensor_col_global = global_scale(col_amax[0]), cols_nan = isnan(col_amax[0]);
   }
 
-  // Writes the staged rowwise bytes of the warp's tile rows to global memory: `width` bytes of each row,
+  // Whether an output's 16-byte pieces (its scales' kColScaleBytes pieces) are aligned wherever they start:
+  // then whole tiles leave with plain vector stores and no per-piece tests.
+  auto vector_ok = [](const uint8_t* base, int64_t pitch, int bytes) {
+    return reinterpret_cast<uintptr_t>(base) % bytes == 0 && pitch % bytes == 0;
+  };
+  const bool row_data_vec = kRowwise && vector_ok(row_data, row_data_pitch, 16);
+  const bool row_scale_vec = kRowwise && vector_ok(row_scale, row_scale_pitch, 16);
+  const bool col_data_vec = kColwise && vector_ok(col_data, col_data_pitch, 16);
+  const bool col_scale_vec = kColwise && vector_ok(col_scale, col_scale_pitch, kColScaleBytes);
+
+  // Writes the staged rowwise bytes of the warp's tile rows to global memory: kWidth bytes of each row,
   // from tensor column byte `first_byte` of a row `pitch` bytes long, in 16-byte pieces where aligned.
-  auto flush_rows = [&](uint8_t* dst, int64_t pitch, int64_t first_byte, const uint8_t* stage, int width,
-                        int64_t m0) {
+  auto flush_rows = [&](uint8_t* dst, int64_t pitch, int64_t first_byte, const uint8_t* stage, auto width,
+                        int64_t m0, bool vec) {
+    constexpr int kWidth = decltype(width)::value, kPieces = kWidth / 16, kRowsPerPass = 32 / kPieces;
     __syncwarp();  // every lane's bytes are staged
-    const int pieces = width / 16;
-    for (int id = lane; id < L::kTileRows * pieces; id += 32) {
-      const int r = id / pieces, piece = id % pieces;
-      const int64_t offset = first_byte + 16 * piece;
-      const int n = static_cast<int>(std::min<int64_t>(pitch - offset, 16));
-      if (m0 + r >= rows || n <= 0) continue;
-      store_piece<16>(dst + (m0 + r) * pitch + offset, stage + r * width + 16 * piece, n);
+    if (vec && m0 + L::kTileRows <= rows && first_byte + kWidth <= pitch) {  // whole: no tests per piece
+      const int r = lane / kPieces, piece = lane % kPieces;
+      uint8_t* d = dst + (m0 + r) * pitch + first_byte + 16 * piece;
+      const uint8_t* s = stage + r * kWidth + 16 * piece;
+#pragma unroll
+      for (int k = 0; k < L::kTileRows / kRowsPerPass; ++k)
+        *reinterpret_cast<uint4*>(d + k * kRowsPerPass * pitch) =
+            *reinterpret_cast<const uint4*>(s + k * kRowsPerPass * kWidth);
+    } else {
+      for (int id = lane; id < L::kTileRows * kPieces; id += 32) {
+        const int r = id / kPieces, piece = id % kPieces;
+        const int64_t offset = first_byte + 16 * piece;
+        const int n = static_cast<int>(std::min<int64_t>(pitch - offset, 16));
+        if (m0 + r >= rows || n <= 0) continue;
+        store_piece<16>(dst + (m0 + r) * pitch + offset, stage + r * kWidth + 16 * piece, n);
+      }
     }
     __syncwarp();  // the stage may be refilled
   };
@@ -233,13 +261,21 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   auto publish_global_scales = [&](int tm) {
     __syncwarp();  // every lane is done reading the previous tile's
     if (kRowwise && tm != scaled_tm) {
+      rows_nan = false;
 #pragma unroll
       for (int k = 0; k < kRowAmaxPerLane; ++k)
-        if (lane + 32 * k < L::kTileRows) row_global[warp][lane + 32 * k] = global_scale(next_row_amax[k]);
+        if (lane + 32 * k < L::kTileRows) {
+          row_global[warp][lane + 32 * k] = global_scale(next_row_amax[k]);
+          rows_nan = rows_nan || isnan(next_row_amax[k]);
+        }
     }
     if (kColwise) {
+      cols_nan = false;
 #pragma unroll
-      for (int k = 0; k < kColAmaxPerLane; ++k) col_global[warp][lane + 32 * k] = global_scale(next_col_amax[k]);
+      for (int k = 0; k < kColAmaxPerLane; ++k) {
+        col_global[warp][lane + 32 * k] = global_scale(next_col_amax[k]);
+        cols_nan = cols_nan || isnan(next_col_amax[k]);
+      }
     }
     scaled_tm = tm;
     __syncwarp();
@@ -279,6 +315,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     // Block scales: sdec bytes to the stages, inverses r kept (rowwise: in shared memory, read per row pair).
     float col_r[kColwise ? kVec : 1];
     float row_r_2d = 0.0f;  // 16x16 blocks: one rowwise r for the whole patch
+    bool fast_ok = kFastEncode && !rows_nan && !cols_nan;  // this lane's blocks meet fast_encode_ok
     if constexpr (kRowwise) {
       uint8_t* scale_dst = &row_scale_stage[warp][16 * group + q][tk % kUnitTiles * L::kTileBlocks + block];
 #pragma unroll
@@ -286,6 +323,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
         const int i = kBlockLanes * j + q;
         const GlobalScale g = kRowScaled ? row_global[warp][16 * group + i] : tensor_row_global;
         const BlockEncoding enc = encode_block_scale(row_amax_of[j], g);
+        if constexpr (kFastEncode) fast_ok = fast_ok && fast_encode_ok<kMinSubnormalExponent>(row_amax_of[j], enc.inverse);
         if constexpr (k2D) {
           row_r_2d = enc.inverse;
         } else {
@@ -300,6 +338,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
         const GlobalScale g = kRowScaled ? col_global[warp][kc * kVec + c] : tensor_col_global;
         const BlockEncoding enc = encode_block_scale(col_amax_of[c], g);
         col_r[c] = enc.inverse;
+        if constexpr (kFastEncode) fast_ok = fast_ok && fast_encode_ok<kMinSubnormalExponent>(col_amax_of[c], enc.inverse);
         col_scale_stage[kc * kVec + c][warp * (L::kTileRows / 16) + group] = static_cast<uint8_t>(enc.scale_byte);
       }
     }
@@ -307,74 +346,123 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 
     // Codes, two rows at a time, to the stages: a lane's kVec codes of a row; a columnwise byte holds rows
     // 2p and 2p+1 of a column, a columnwise word the half's 8 rows. Row i0 of the half is staged at
-    // row_dst + (i0 - 8 * half) * kCodeStageBytes.
-    uint8_t* row_dst = &row_code_stage[warp][16 * group][tk % kCodeStageTiles * (kQuantTileCols / 2) + kc * kVec / 2];
+    // row_dst + (i0 - 8 * half) * kCodeStageBytes. The exact encode and the fast one (where every block of
+    // the tile allows it) are two instances of this code; one runs per tile.
+    auto encode_patch = [&](auto fast) {
+      constexpr bool kFast = decltype(fast)::value;
+      uint8_t* row_dst = &row_code_stage[warp][16 * group][tk % kCodeStageTiles * (kQuantTileCols / 2) + kc * kVec / 2];
 #pragma unroll 1
-    for (int half = 0; half < 2; ++half, row_dst += 8 * kCodeStageBytes) {
-      uint32_t col_words[kColwise ? kVec : 1];
+      for (int half = 0; half < 2; ++half, row_dst += 8 * kCodeStageBytes) {
+        uint32_t col_words[kColwise ? kVec : 1], col_signs[kColwise && kFast ? kVec : 1];
 #pragma unroll
-      for (int c = 0; c < (kColwise ? kVec : 1); ++c) col_words[c] = code_word_start<kHardwareCvt, 8>();
+        for (int c = 0; c < (kColwise ? kVec : 1); ++c) col_words[c] = code_word_start<kHardwareCvt, 8>();
 #pragma unroll
-      for (int pp = 0; pp < 4; ++pp) {
-        const int i0 = 8 * half + 2 * pp;  // rows i0, i0 + 1 of the patch
-        const uint4 vec[2] = {patch[2 * pp], patch[2 * pp + 1]};  // rows i0, i0 + 1 (the halves' move below)
-        float v[2][kVec];
+        for (int c = 0; c < (kColwise && kFast ? kVec : 1); ++c) col_signs[c] = 0u;
+        // the fast encode takes the row pairs last to first: a column's sign nibbles are pushed from the top
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int step = 0; step < 4; ++step) {
+          const int pp = kFast ? 3 - step : step;
+          const int i0 = 8 * half + 2 * pp;  // rows i0, i0 + 1 of the patch
+          const uint4 vec[2] = {patch[2 * pp], patch[2 * pp + 1]};  // rows i0, i0 + 1 (the halves' move below)
+          float v[2][kVec];
 #pragma unroll
-          for (int c = 0; c < kVec; ++c) v[h][c] = Element<InT>::word_element_to_float(&vec[h].x, c);
-        if constexpr (kRowwise) {
-          const float2 r = k2D ? make_float2(row_r_2d, row_r_2d)
-                               : *reinterpret_cast<const float2*>(&row_inverse[warp][block][16 * group + i0]);
-          const uint32_t codes[2] = {encode_codes<kHardwareCvt, kVec>(v[0], r.x),
-                                     encode_codes<kHardwareCvt, kVec>(v[1], r.y)};
+          for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint8_t* dst = row_dst + (2 * pp + h) * kCodeStageBytes;
-            if constexpr (kVec == 8) {
-              *reinterpret_cast<uint32_t*>(dst) = codes[h];
+            for (int c = 0; c < kVec; ++c) v[h][c] = Element<InT>::word_element_to_float(&vec[h].x, c);
+          if constexpr (kRowwise) {
+            const float2 r = k2D ? make_float2(row_r_2d, row_r_2d)
+                                 : *reinterpret_cast<const float2*>(&row_inverse[warp][block][16 * group + i0]);
+            uint32_t codes[2];
+            if constexpr (kFast) {
+              codes[0] = encode_codes_fast(v[0], r.x), codes[1] = encode_codes_fast(v[1], r.y);
             } else {
-              *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(codes[h]);
+              codes[0] = encode_codes<kHardwareCvt, kVec>(v[0], r.x), codes[1] = encode_codes<kHardwareCvt, kVec>(v[1], r.y);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              uint8_t* dst = row_dst + (2 * pp + h) * kCodeStageBytes;
+              if constexpr (kVec == 8) {
+                *reinterpret_cast<uint32_t*>(dst) = codes[h];
+              } else {
+                *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(codes[h]);
+              }
+            }
+          }
+          if constexpr (kColwise) {
+#pragma unroll
+            for (int c = 0; c < kVec; ++c) {
+              if constexpr (kFast) {
+                const float lo = fast_encode_product(v[0][c], col_r[c]), hi = fast_encode_product(v[1][c], col_r[c]);
+                col_words[c] += (e2m1_unsaturated_magnitude_bits(lo) + (e2m1_unsaturated_magnitude_bits(hi) << 4))
+                                << (8 * pp);
+                col_signs[c] = push_sign_nibble(push_sign_nibble(col_signs[c], hi), lo);
+              } else {
+                col_words[c] += e2m1_byte<kHardwareCvt>(__fmul_rn(v[0][c], col_r[c]), __fmul_rn(v[1][c], col_r[c]))
+                                << (8 * pp);
+              }
             }
           }
         }
         if constexpr (kColwise) {
+          // the column's bytes of rows row0 + 8 * half ... + 7, within the CTA's rows
+          const int offset = warp * (L::kTileRows / 2) + group * 8 + half * 4;
 #pragma unroll
-          for (int c = 0; c < kVec; ++c)
-            col_words[c] += e2m1_byte<kHardwareCvt>(__fmul_rn(v[0][c], col_r[c]), __fmul_rn(v[1][c], col_r[c]))
-                            << (8 * pp);
+          for (int c = 0; c < kVec; ++c) {
+            const int col = kc * kVec + c;
+            if constexpr (kFast) col_words[c] |= col_signs[c] & kSignNibbleBits;
+            *reinterpret_cast<uint32_t*>(&col_code_stage[col][col_code_piece(col, offset / 16) * 16 + offset % 16]) =
+                col_words[c];
+          }
         }
-      }
-      if constexpr (kColwise) {
-        // the column's bytes of rows row0 + 8 * half ... + 7, within the CTA's rows
-        const int offset = warp * (L::kTileRows / 2) + group * 8 + half * 4;
+        // the second half's rows move to where the loop body reads the first half's
 #pragma unroll
-        for (int c = 0; c < kVec; ++c) {
-          const int col = kc * kVec + c;
-          *reinterpret_cast<uint32_t*>(&col_code_stage[col][col_code_piece(col, offset / 16) * 16 + offset % 16]) =
-              col_words[c];
-        }
+        for (int i = 0; i < 8; ++i) patch[i] = patch[i + 8];
       }
-      // the second half's rows move to where the loop body reads the first half's
-#pragma unroll
-      for (int i = 0; i < 8; ++i) patch[i] = patch[i + 8];
+    };
+    if constexpr (kFastEncode) {
+      if (__all_sync(0xFFFFFFFFu, fast_ok)) {
+        encode_patch(std::true_type{});
+      } else {
+        encode_patch(std::false_type{});
+      }
+    } else {
+      encode_patch(std::false_type{});
     }
     // the CTA's columnwise outputs of this tile column leave together
     if constexpr (kColwise) {
       __syncthreads();
       const int64_t cta_m0 = m0 - int64_t{warp} * L::kTileRows;
-      for (int id = threadIdx.x; id < kQuantTileCols * kColCodePieces; id += kQuantThreads) {
-        const int col = id / kColCodePieces, piece = id % kColCodePieces;
-        const int64_t offset = cta_m0 / 2 + 16 * piece;
-        if (k0 + col < cols && offset < col_data_pitch)
-          store_piece<16>(col_data + (k0 + col) * col_data_pitch + offset, &col_code_stage[col][col_code_piece(col, piece) * 16],
-                          static_cast<int>(std::min<int64_t>(col_data_pitch - offset, 16)));
+      if (col_data_vec && k0 + kQuantTileCols <= cols && cta_m0 / 2 + kColCodeBytes <= col_data_pitch) {
+        // whole: thread t stores piece t % kColCodePieces of columns t / kColCodePieces + kColsPerPass * k
+        constexpr int kColsPerPass = kQuantThreads / kColCodePieces;
+        const int c = threadIdx.x / kColCodePieces, piece = threadIdx.x % kColCodePieces;
+        uint8_t* d = col_data + (k0 + c) * col_data_pitch + cta_m0 / 2 + 16 * piece;
+#pragma unroll
+        for (int k = 0; k < kQuantTileCols / kColsPerPass; ++k) {
+          const int col = c + k * kColsPerPass;
+          *reinterpret_cast<uint4*>(d + k * kColsPerPass * col_data_pitch) =
+              *reinterpret_cast<const uint4*>(&col_code_stage[col][col_code_piece(col, piece) * 16]);
+        }
+      } else {
+        for (int id = threadIdx.x; id < kQuantTileCols * kColCodePieces; id += kQuantThreads) {
+          const int col = id / kColCodePieces, piece = id % kColCodePieces;
+          const int64_t offset = cta_m0 / 2 + 16 * piece;
+          if (k0 + col < cols && offset < col_data_pitch)
+            store_piece<16>(col_data + (k0 + col) * col_data_pitch + offset,
+                            &col_code_stage[col][col_code_piece(col, piece) * 16],
+                            static_cast<int>(std::min<int64_t>(col_data_pitch - offset, 16)));
+        }
       }
       for (int col = threadIdx.x; col < kQuantTileCols; col += kQuantThreads) {
         const int64_t offset = cta_m0 / 16;
-        if (k0 + col < cols && offset < col_scale_pitch)
+        if (col_scale_vec && k0 + kQuantTileCols <= cols && offset + kColScaleBytes <= col_scale_pitch) {
+          using Piece = std::conditional_t<kColScaleBytes == 16, uint4, uint2>;
+          *reinterpret_cast<Piece*>(col_scale + (k0 + col) * col_scale_pitch + offset) =
+              *reinterpret_cast<const Piece*>(&col_scale_stage[col][0]);
+        } else if (k0 + col < cols && offset < col_scale_pitch) {
           store_piece<kColScaleBytes>(col_scale + (k0 + col) * col_scale_pitch + offset, &col_scale_stage[col][0],
                                       static_cast<int>(std::min<int64_t>(col_scale_pitch - offset, kColScaleBytes)));
+        }
       }
       __syncthreads();  // the stages may be refilled
     }
@@ -383,10 +471,10 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     if constexpr (kRowwise) {
       if (tk % kCodeStageTiles == kCodeStageTiles - 1 || unit_ends)
         flush_rows(row_data, row_data_pitch, (k0 - tk % kCodeStageTiles * kQuantTileCols) / 2,
-                   &row_code_stage[warp][0][0], kCodeStageBytes, m0);
+                   &row_code_stage[warp][0][0], std::integral_constant<int, kCodeStageBytes>{}, m0, row_data_vec);
       if (unit_ends)
         flush_rows(row_scale, row_scale_pitch, int64_t{unit_first_tk(unit)} * (kQuantTileCols / 16),
-                   &row_scale_stage[warp][0][0], kScaleStageBytes, m0);
+                   &row_scale_stage[warp][0][0], std::integral_constant<int, kScaleStageBytes>{}, m0, row_scale_vec);
     }
     if (kRowScaled && has_next) publish_global_scales(next_tm);
     unit = next_unit, tm = next_tm, tk = next_tk;
