@@ -21,7 +21,14 @@
 // tile column's columnwise codes leave as 128-byte lines per column (after a CTA barrier), and each warp
 // keeps its rowwise codes of kCodeStageTiles tiles and its rowwise scales of a unit's kUnitTiles tiles.
 // With row scaling, the global scales of a tile's rows and columns are computed once per warp (the lanes
-// in turn, from amaxes loaded a tile ahead) into the warp's shared memory.
+// in turn, from amaxes loaded a tile ahead) into the warp's shared memory. Whole tiles leave the stages
+// with plain 16-byte stores; only tiles at the tensor's edges go piece by piece with bounds tests.
+//
+// On sm_90a, a 16-bit tile whose every block passes fast_encode_ok (nvfp4.cuh: no code can saturate, no
+// product can underflow to -0, no NaN in the tile's rows or columns) is encoded by encode_codes_fast,
+// which needs two instructions per element and direction fewer than the exact encode; the warp decides
+// per tile, and other tiles take the exact encode. Both give the spec's bytes (tests/cuda/e2m1_exhaustive.cu
+// compares them on the CPU).
 #pragma once
 
 #include <algorithm>
