@@ -28,7 +28,8 @@ enum Status : int {
   kCudaErrorBase = 1000,   // + the cudaError_t of a failed launch
 };
 
-inline bool aligned(const void* ptr, int64_t bytes) {
+// (host and device: the launchers check their arguments with it, kernels their output pieces)
+__host__ __device__ inline bool aligned(const void* ptr, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
 }
 

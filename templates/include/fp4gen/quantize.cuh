@@ -96,18 +96,18 @@ __device__ __forceinline__ void patch_block_amax(const uint4 (&patch)[16], int q
       for (int j = 0; j < L::kOwnedRows; ++j) row[j] = tile;
 #pragma unroll
       for (int c = 0; c < L::kVec; ++c) col[c] = tile;
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      col[2 * k] = xorsign_half_to_amax<InT>(col_max[k], 0);
-      col[2 * k + 1] = xorsign_half_to_amax<InT>(col_max[k], 1);
-    }
-    if constexpr (kRows) {
+      for (int k = 0; k < 4; ++k) {
+        col[2 * k] = xorsign_half_to_amax<InT>(col_max[k], 0);
+        col[2 * k + 1] = xorsign_half_to_amax<InT>(col_max[k], 1);
+      }
+      if constexpr (kRows) {
 #pragma unroll
-      for (int p = 0; p < 8; ++p) {
-        const uint32_t both = am(row_pairs[p], __shfl_xor_sync(0xFFFFFFFFu, row_pairs[p], 1));
-        row[p] = xorsign_half_to_amax<InT>(both, q);  // row 2p + q
+        for (int p = 0; p < 8; ++p) {
+          const uint32_t both = am(row_pairs[p], __shfl_xor_sync(0xFFFFFFFFu, row_pairs[p], 1));
+          row[p] = xorsign_half_to_amax<InT>(both, q);  // row 2p + q
+        }
       }
     }
   } else {
@@ -212,9 +212,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 
   // Whether an output's 16-byte pieces (its scales' kColScaleBytes pieces) are aligned wherever they start:
   // then whole tiles leave with plain vector stores and no per-piece tests.
-  auto vector_ok = [](const uint8_t* base, int64_t pitch, int bytes) {
-    return reinterpret_cast<uintptr_t>(base) % bytes == 0 && pitch % bytes == 0;
-  };
+  auto vector_ok = [](const uint8_t* base, int64_t pitch, int bytes) { return aligned(base, bytes) && pitch % bytes == 0; };
   const bool row_data_vec = kRowwise && vector_ok(row_data, row_data_pitch, 16);
   const bool row_scale_vec = kRowwise && vector_ok(row_scale, row_scale_pitch, 16);
   const bool col_data_vec = kColwise && vector_ok(col_data, col_data_pitch, 16);
@@ -369,7 +367,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 #pragma unroll
         for (int step = 0; step < 4; ++step) {
           const int pp = kFast ? 3 - step : step;
-          const int i0 = 8 * half + 2 * pp;  // rows i0, i0 + 1 of the patch
+          [[maybe_unused]] const int i0 = 8 * half + 2 * pp;  // rows i0, i0 + 1 of the patch (rowwise)
           const uint4 vec[2] = {patch[2 * pp], patch[2 * pp + 1]};  // rows i0, i0 + 1 (the halves' move below)
           float v[2][kVec];
 #pragma unroll
