@@ -148,6 +148,29 @@ def test_16bit_fast_encode_and_its_fallback(dtype, direction, scaling, block):
     assert_same(x, scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("direction", list(DIRECTIONS))
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+def test_global_scales_at_the_branch_free_reciprocal_bounds(dtype, direction, scaling):
+    # sm_90a computes a tile's block-scale reciprocals with no branch where every global decode scale S_dec of
+    # its rows and columns lies in [2^-117, 2^116] (nvfp4.cuh: block_reciprocals_in_range), and with
+    # __frcp_rn elsewhere: rows and columns whose amax puts S_dec (about amax / 2688) just inside and just
+    # outside each bound, tiny and huge, beside ordinary ones
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(256, 512, device="cuda", generator=g, dtype=torch.float64)
+    low, high = 2688 * 2.0 ** -117, 2688 * 2.0 ** 116
+    amaxes = [low * (1 - 2 ** -10), low * (1 + 2 ** -10), high * (1 - 2 ** -10), high * (1 + 2 ** -10), 1e-36, 3e38]
+    for k, amax in enumerate(amaxes):
+        row, col = 64 * (k % 4) + 3 * k, 70 * k + 5  # spread over tiles, in different tile rows and columns
+        if k >= 2 and scaling == "tensor":
+            break  # one huge value makes the whole tensor's scale special; the small ones are tried first
+        x[row] = x[row] / x[row].abs().max() * amax
+        x[:, col] = x[:, col] / x[:, col].abs().max() * amax
+    x = x.to(dtype)
+    rowwise, columnwise = DIRECTIONS[direction]
+    assert_same(x, scaling=scaling, rowwise=rowwise, columnwise=columnwise)
+
+
 def test_inf_input():
     x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
     x[3, 3] = float("inf")

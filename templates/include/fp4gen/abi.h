@@ -38,6 +38,27 @@ inline int launch_status() {
   return err == cudaSuccess ? kOk : kCudaErrorBase + static_cast<int>(err);
 }
 
+// Launches `kernel` as the programmatic dependent of the kernel launched before it on `stream`: its CTAs may
+// start once every CTA of that kernel has run griddepcontrol.launch_dependents (or exited), and it runs
+// griddepcontrol.wait before it touches what that kernel writes. After anything else it is an ordinary
+// launch. Returns launch_status().
+template <class... Params, class... Args>
+int launch_programmatic_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                                  cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, args...);
+  return launch_status();
+}
+
 }  // namespace fp4gen
 
 // One definition per library: every library is a single translation unit.

@@ -6,12 +6,28 @@
 // across CTAs) propagates NaN with no extra test. Indices are 64-bit.
 #pragma once
 
+#include <algorithm>
+
 #include "fp4gen/abi.h"
 #include "fp4gen/elements.cuh"
 
 namespace fp4gen {
 
 constexpr int kAmaxTileRows = 64, kAmaxThreads = 256, kAmaxWarps = kAmaxThreads / 32;
+
+// Zeroes the amax outputs, into which the amax pass accumulates with atomicMax. The amax pass is launched
+// as this grid's programmatic dependent: it reads its input while this runs and waits for it only before
+// its first atomic (one small kernel instead of a memset per output, and no gap before the amax pass).
+__global__ void __launch_bounds__(kAmaxThreads) amax_zero_kernel(float* row_amax, int64_t rows, float* col_amax,
+                                                                 int64_t cols, float* tensor_amax) {
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < rows + cols + 1; i += stride) {
+    float* out = i < rows ? (row_amax ? row_amax + i : nullptr)
+                          : i < rows + cols ? (col_amax ? col_amax + (i - rows) : nullptr) : tensor_amax;
+    if (out != nullptr) *out = 0.0f;
+  }
+}
 
 template <class InT>
 __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restrict__ x, int64_t x_row_stride,
@@ -34,6 +50,9 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restric
     vec[r] = (col_ok && row < rows) ? *reinterpret_cast<const uint4*>(x + row * x_row_stride + col)
                                     : make_uint4(0, 0, 0, 0);
   }
+  // The outputs are zeroed by amax_zero_kernel, which may still be running (see there): wait for it before
+  // the first atomic; the loads above are already in flight.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   uint32_t col_max[4] = {0u, 0u, 0u, 0u};  // packed per word, like the input
   uint32_t thread_max = 0;                 // element |x| bits
 #pragma unroll
@@ -81,6 +100,10 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restric
     for (int w = 0; w < kAmaxWarps; ++w) m = max(m, warp_max[w]);
     atomicMax(reinterpret_cast<unsigned int*>(tensor_amax), E::abs_bits_as_float_bits(m));
   }
+  // The quantize pass, this grid's programmatic dependent, may be launched once every CTA got here (it
+  // still waits for this whole grid before it reads the amaxes): its launch overlaps this grid's last
+  // CTAs. Triggered at the end, not earlier, so that its CTAs do not take SMs from this grid's later waves.
+  asm volatile("griddepcontrol.launch_dependents;");
 }
 
 template <class InT>
@@ -102,16 +125,17 @@ int amax_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, fl
   const int status = amax_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax);
   if (status != kOk) return status;
   // atomicMax accumulates into the outputs, so they start at +0 (also the amax of an empty extent)
-  if (row_amax && rows > 0 && cudaMemsetAsync(row_amax, 0, rows * sizeof(float), stream) != cudaSuccess) return launch_status();
-  if (col_amax && cols > 0 && cudaMemsetAsync(col_amax, 0, cols * sizeof(float), stream) != cudaSuccess) return launch_status();
-  if (tensor_amax && cudaMemsetAsync(tensor_amax, 0, sizeof(float), stream) != cudaSuccess) return launch_status();
-  if (rows == 0 || cols == 0) return kOk;
+  const int64_t zero_blocks = std::min<int64_t>((rows + cols + kAmaxThreads) / kAmaxThreads, 1024);
+  amax_zero_kernel<<<static_cast<unsigned>(zero_blocks), kAmaxThreads, 0, stream>>>(row_amax, rows, col_amax, cols,
+                                                                                   tensor_amax);
+  if (const int zeroed = launch_status(); zeroed != kOk || rows == 0 || cols == 0) return zeroed;
+  // the zeroing's programmatic dependent (amax_kernel waits for it before its atomics)
   constexpr int64_t kTileCols = 32 * Element<InT>::kPerVector;
   const dim3 grid(static_cast<unsigned>((rows + kAmaxTileRows - 1) / kAmaxTileRows),
                   static_cast<unsigned>((cols + kTileCols - 1) / kTileCols));
-  amax_kernel<InT><<<grid, kAmaxThreads, 0, stream>>>(static_cast<const InT*>(x), x_row_stride, rows, cols,
-                                                        row_amax, col_amax, tensor_amax);
-  return launch_status();
+  return launch_programmatic_dependent(amax_kernel<InT>, grid, dim3(kAmaxThreads), 0, stream,
+                                       static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
+                                       tensor_amax);
 }
 
 }  // namespace fp4gen

@@ -63,11 +63,32 @@ struct BlockEncoding {
   float inverse;        // r: what each element is multiplied by before E2M1 rounding
 };
 
+// fl(1 / d), IEEE round to nearest, with no branch, for d = +0 or a normal d below 2^126: the approximate
+// reciprocal and one Newton step, which is what __frcp_rn computes for that range (it branches to a slow
+// path for the others: subnormal, huge, Inf, NaN). d = +0 gives NaN here instead of +Inf; both become
+// FLT_MAX under encode_block_scale's fminf. tests/gpu/test_reciprocal_gpu.py compares it with __frcp_rn for
+// every float in the range on the GPU (sm_90a).
+__device__ __forceinline__ float reciprocal_rn_in_range(float d) {
+  float approx;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(approx) : "f"(d));
+  const float error = __fmaf_rn(d, approx, -1.0f);
+  return __fmaf_rn(approx, -error, approx);
+}
+
+// Whether every block of a row (column) with global scale g has d = fl(sdec * S_dec) inside
+// reciprocal_rn_in_range's range: sdec is 0 or in [2^-9, 448], so S_dec in [2^-117, 2^116] keeps d = 0 or
+// in [2^-126, 2^125). False for the S_dec of a NaN or huge amax, or of an amax below about 2^-105.
+__device__ __forceinline__ bool block_reciprocals_in_range(GlobalScale g) {
+  return g.decode >= 0x1p-117f && g.decode <= 0x1p116f;
+}
+
 // 2.2-2.3 for one block: sdec = E4M3(min(bamax * m, FLT_MAX)), r = min(fl(1 / fl(sdec * S_dec)), FLT_MAX).
 // The min with FLT_MAX is left to the conversion: satfinite sends +Inf to 448 as it does FLT_MAX, and the
 // product is never NaN (bamax ignores NaN and is finite or +Inf; m is finite and positive).
 // sdec is read back through the fp8 -> f16x2 conversion (exact: every E4M3 value is an f16), two
-// instructions instead of decoding the byte's fields.
+// instructions instead of decoding the byte's fields. kInRange: g meets block_reciprocals_in_range, so the
+// reciprocal needs no branch, and a tile's blocks can be computed side by side.
+template <bool kInRange = false>
 __device__ __forceinline__ BlockEncoding encode_block_scale(float block_amax, GlobalScale g) {
   const float v = __fmul_rn(block_amax, g.encode_times_one_sixth);
   uint16_t pair;  // the E4M3 byte in the low half (cvt puts its second source there), 0 above
@@ -75,7 +96,8 @@ __device__ __forceinline__ BlockEncoding encode_block_scale(float block_amax, Gl
   uint32_t halves;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(pair));
   const float sdec = __half2float(__ushort_as_half(static_cast<unsigned short>(halves & 0xFFFFu)));
-  const float r = fminf(__frcp_rn(__fmul_rn(sdec, g.decode)), kFltMax);
+  const float d = __fmul_rn(sdec, g.decode);
+  const float r = fminf(kInRange ? reciprocal_rn_in_range(d) : __frcp_rn(d), kFltMax);
   return {static_cast<uint32_t>(pair), r};
 }
 
@@ -239,10 +261,11 @@ constexpr float fast_encode_min_inverse() {
   return r;
 }
 
-// Whether a block of amax `block_amax` and inverse scale r may take the fast encode.
+// Whether a block of amax `block_amax` and inverse scale r may take the fast encode. `&`, not `&&`: no
+// branch, so that the kernels compute a tile's blocks side by side.
 template <int kMinSubnormalExponent>
 __host__ __device__ __forceinline__ bool fast_encode_ok(float block_amax, float r) {
-  return r >= fast_encode_min_inverse<kMinSubnormalExponent>() && mul_rn(block_amax, r) < 7.0f;
+  return (r >= fast_encode_min_inverse<kMinSubnormalExponent>()) & (mul_rn(block_amax, r) < 7.0f);
 }
 
 __host__ __device__ __forceinline__ float fast_encode_product(float x, float r) { return fma_rn(x, r, 0.0f); }

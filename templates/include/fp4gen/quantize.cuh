@@ -9,7 +9,8 @@
 //  - a rowwise block (16 columns of one row) spans kBlockLanes = 2 (16-bit) or 4 (fp32) lanes: one
 //    exchange of partial maxima, after which the lanes split the rows whose scales they compute;
 //  - each element is widened to fp32 once for both directions.
-// A lane loads its patch straight into registers (16 loads in flight; 16 warps per SM cover the wait).
+// A lane loads its patch straight into registers (16 loads in flight, issued before the previous tile's
+// flushes; 16 warps per SM cover the rest of the wait).
 // The codes are encoded half a patch (8 rows) at a time in a rolled loop, the second half's registers
 // moved into the first half's in between, which keeps the hot code within the instruction cache (the
 // fully unrolled patch did not fit).
@@ -139,6 +140,16 @@ __device__ __forceinline__ void patch_block_amax(const uint4 (&patch)[16], int q
   }
 }
 
+// 16 bytes of the input (read-only during the kernel), read once: not kept in L1 (L1::no_allocate), where
+// the kernel's register spills live; a streamed input evicted them, and each reload waited for L2.
+__device__ __forceinline__ uint4 load_streaming(const void* src) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(src));
+  return v;
+}
+
 // The first n of kBytes (8 or 16) staged bytes to global memory: one vector store where whole and aligned.
 template <int kBytes>
 __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, int n) {
@@ -163,6 +174,9 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // The fast software encode is for 16-bit inputs (whose products with r cannot underflow for r above a
   // bound), and sm_100a has the hardware conversion.
   constexpr bool kFastEncode = !kHardwareCvt && sizeof(InT) == 2;
+  // Branch-free block scales (reciprocal_rn_in_range) on sm_90a, where the reciprocal is checked against
+  // __frcp_rn on the GPU; sm_100a, which cannot be run here, keeps __frcp_rn.
+  constexpr bool kBranchFreeScales = !kHardwareCvt;
   constexpr int kMinSubnormalExponent = Element<InT>::kMinSubnormalExponent;
   // Each warp's rowwise outputs: its tile row's codes of kCodeStageTiles consecutive tiles and its scales
   // of the unit's kUnitTiles tiles.
@@ -199,15 +213,22 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // how many of the 16 rows from row0 on lie inside the tensor (so per-row tests are 32-bit)
   auto rows_inside = [&](int64_t row0) { return static_cast<int>(std::max<int64_t>(std::min<int64_t>(rows - row0, 16), 0)); };
 
+  // The amax pass may still be running (quantize_run launches this grid as its programmatic dependent, so
+  // that this grid's launch and set-up overlap that pass's last wave): wait for it and its amaxes here.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+
   // tensor scaling: one global scale per direction for the whole call
   GlobalScale tensor_row_global{}, tensor_col_global{};
-  // whether a NaN amax (a NaN element) touches this lane's rows / columns of the current tile (row scaling:
-  // the lane's share of the tile's amaxes): the fast encode (encode_codes_fast) is not for NaN, so the
-  // tile takes the exact one if any lane's flag is set
-  bool rows_nan = false, cols_nan = false;
+  // Whether this lane's rows / columns of the current tile (row scaling: the lane's share of the tile's
+  // amaxes) are special: a NaN amax (a NaN element; the fast encode is not for NaN) or a global scale
+  // outside block_reciprocals_in_range. On sm_90a a tile where no lane's flag is set computes its block
+  // scales with no branch (side by side; with __frcp_rn's branch each block waited for the one before) and
+  // may take the fast encode; other tiles take __frcp_rn and the exact encode.
+  bool rows_special = false, cols_special = false;
+  auto special = [](float amax, GlobalScale g) { return isnan(amax) || !block_reciprocals_in_range(g); };
   if constexpr (!kRowScaled) {
-    if (kRowwise) tensor_row_global = global_scale(row_amax[0]), rows_nan = isnan(row_amax[0]);
-    if (kColwise) tensor_col_global = global_scale(col_amax[0]), cols_nan = isnan(col_amax[0]);
+    if (kRowwise) tensor_row_global = global_scale(row_amax[0]), rows_special = special(row_amax[0], tensor_row_global);
+    if (kColwise) tensor_col_global = global_scale(col_amax[0]), cols_special = special(col_amax[0], tensor_col_global);
   }
 
   // Whether an output's 16-byte pieces (its scales' kColScaleBytes pieces) are aligned wherever they start:
@@ -262,27 +283,27 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     }
   };
 
-  int scaled_tm = -1;
-  auto publish_global_scales = [&](int tm) {
+  auto publish_global_scales = [&](bool new_tile_row) {
     __syncwarp();  // every lane is done reading the previous tile's
-    if (kRowwise && tm != scaled_tm) {
-      rows_nan = false;
+    if (kRowwise && new_tile_row) {
+      rows_special = false;
 #pragma unroll
       for (int k = 0; k < kRowAmaxPerLane; ++k)
         if (lane + 32 * k < L::kTileRows) {
-          row_global[warp][lane + 32 * k] = global_scale(next_row_amax[k]);
-          rows_nan = rows_nan || isnan(next_row_amax[k]);
+          const GlobalScale g = global_scale(next_row_amax[k]);
+          row_global[warp][lane + 32 * k] = g;
+          rows_special = rows_special || special(next_row_amax[k], g);
         }
     }
     if (kColwise) {
-      cols_nan = false;
+      cols_special = false;
 #pragma unroll
       for (int k = 0; k < kColAmaxPerLane; ++k) {
-        col_global[warp][lane + 32 * k] = global_scale(next_col_amax[k]);
-        cols_nan = cols_nan || isnan(next_col_amax[k]);
+        const GlobalScale g = global_scale(next_col_amax[k]);
+        col_global[warp][lane + 32 * k] = g;
+        cols_special = cols_special || special(next_col_amax[k], g);
       }
     }
-    scaled_tm = tm;
     __syncwarp();
   };
 
@@ -292,60 +313,92 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   auto unit_first_tk = [&](int unit) { return unit % units_k * kUnitTiles; };
   auto unit_end_tk = [&](int unit) { return std::min(unit_first_tk(unit) + kUnitTiles, tiles_k); };
   int unit = first_unit, tm = unit_tm(unit), tk = unit_first_tk(unit);
-  if (kRowScaled && first_unit < end_unit) load_amaxes(tm, tk), publish_global_scales(tm);
+
+  // A lane's patch: rows [first, first + 8) of its 16 rows of tile (tm, tk) into dst[0..8), straight into
+  // registers. M and K are multiples of 16 wherever a 16-element block is read whole, so each block is
+  // wholly inside or outside; outside reads as zeros and is not stored. The next tile's patch is loaded as
+  // soon as this tile's codes are made, so its loads are in flight during the flushes instead of waited
+  // for at the top of the tile. (Loading half of it earlier, into the registers the encode's first half
+  // frees, made ptxas spill in the encode loop.)
+  uint4 patch[16];
+  struct PatchSource {
+    const InT* first_row;  // the lane's vector in the patch's row 0
+    int rows;              // how many of its rows are read (the others are zeros)
+  };
+  auto patch_source = [&](int tm_, int tk_) {
+    const int64_t r0 = int64_t{tm_} * L::kTileRows + 16 * group, c0 = int64_t{tk_} * kQuantTileCols + kc * kVec;
+    return PatchSource{x + r0 * x_row_stride + c0, c0 < cols ? rows_inside(r0) : 0};
+  };
+  auto load_patch_rows = [&](uint4* dst, PatchSource source, int first) {
+    const InT* src = source.first_row + first * x_row_stride;
+    if (first + 8 <= source.rows) {  // the common case, with no per-row tests or zeros
+#pragma unroll
+      for (int i = 0; i < 8; ++i) dst[i] = load_streaming(src + i * x_row_stride);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        dst[i] = first + i < source.rows ? load_streaming(src + i * x_row_stride) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  if (first_unit < end_unit) {
+    const PatchSource first = patch_source(tm, tk);
+    load_patch_rows(patch, first, 0), load_patch_rows(patch + 8, first, 8);
+  }
+  if (kRowScaled && first_unit < end_unit) load_amaxes(tm, tk), publish_global_scales(true);
   while (unit < end_unit) {
     const int64_t m0 = int64_t{tm} * L::kTileRows, k0 = int64_t{tk} * kQuantTileCols;
-    const int64_t row0 = m0 + 16 * group, col0 = k0 + kc * kVec;
-    const bool col_ok = col0 < cols;
-    const int rows_here = rows_inside(row0);  // 0 or 16 where the columnwise copy is made (M % 16 == 0)
     const bool unit_ends = tk + 1 == unit_end_tk(unit);
     const int next_unit = unit_ends ? unit + 1 : unit;
     const int next_tm = unit_ends ? unit_tm(next_unit) : tm, next_tk = unit_ends ? unit_first_tk(next_unit) : tk + 1;
     const bool has_next = next_unit < end_unit;
-    // The patch, straight into registers (16 loads in flight). M and K are multiples of 16 wherever a
-    // 16-element block is read whole, so each block is wholly inside or outside; outside reads as zeros
-    // and is not stored.
-    uint4 patch[16];
-    {
-      const int rows_read = col_ok ? rows_here : 0;
-      const InT* src = x + row0 * x_row_stride + col0;
-#pragma unroll
-      for (int i = 0; i < 16; ++i, src += x_row_stride)
-        patch[i] = i < rows_read ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-    }
+    const PatchSource next_source = patch_source(next_tm, next_tk);  // read only if has_next
+    // `patch` holds this tile (its loads were issued during the tile before, see load_patch_rows).
     if (kRowScaled && has_next) load_amaxes(next_tm, next_tk);
     float row_amax_of[kOwnedRows], col_amax_of[kVec];
     patch_block_amax<InT, kRowwise, k2D>(patch, q, row_amax_of, col_amax_of);
 
     // Block scales: sdec bytes to the stages, inverses r kept (rowwise: in shared memory, read per row pair).
+    // Returns whether this lane's blocks meet fast_encode_ok. Two instances: with no special row or column
+    // in the tile (see rows_special), and with __frcp_rn (and no fast encode) where there is one.
     float col_r[kColwise ? kVec : 1];
     float row_r_2d = 0.0f;  // 16x16 blocks: one rowwise r for the whole patch
-    bool fast_ok = kFastEncode && !rows_nan && !cols_nan;  // this lane's blocks meet fast_encode_ok
-    if constexpr (kRowwise) {
-      uint8_t* scale_dst = &row_scale_stage[warp][16 * group + q][tk % kUnitTiles * L::kTileBlocks + block];
+    auto block_scales = [&](auto in_range) {
+      constexpr bool kInRange = decltype(in_range)::value;
+      bool fast_ok = kFastEncode && kInRange;
+      if constexpr (kRowwise) {
+        uint8_t* scale_dst = &row_scale_stage[warp][16 * group + q][tk % kUnitTiles * L::kTileBlocks + block];
 #pragma unroll
-      for (int j = 0; j < kOwnedRows; ++j, scale_dst += kBlockLanes * kScaleStageBytes) {
-        const int i = kBlockLanes * j + q;
-        const GlobalScale g = kRowScaled ? row_global[warp][16 * group + i] : tensor_row_global;
-        const BlockEncoding enc = encode_block_scale(row_amax_of[j], g);
-        if constexpr (kFastEncode) fast_ok = fast_ok && fast_encode_ok<kMinSubnormalExponent>(row_amax_of[j], enc.inverse);
-        if constexpr (k2D) {
-          row_r_2d = enc.inverse;
-        } else {
-          row_inverse[warp][block][16 * group + i] = enc.inverse;
+        for (int j = 0; j < kOwnedRows; ++j, scale_dst += kBlockLanes * kScaleStageBytes) {
+          const int i = kBlockLanes * j + q;
+          const GlobalScale g = kRowScaled ? row_global[warp][16 * group + i] : tensor_row_global;
+          const BlockEncoding enc = encode_block_scale<kInRange>(row_amax_of[j], g);
+          if constexpr (kFastEncode) fast_ok = fast_ok & fast_encode_ok<kMinSubnormalExponent>(row_amax_of[j], enc.inverse);
+          if constexpr (k2D) {
+            row_r_2d = enc.inverse;
+          } else {
+            row_inverse[warp][block][16 * group + i] = enc.inverse;
+          }
+          *scale_dst = static_cast<uint8_t>(enc.scale_byte);
         }
-        *scale_dst = static_cast<uint8_t>(enc.scale_byte);
       }
-    }
-    if constexpr (kColwise) {
+      if constexpr (kColwise) {
 #pragma unroll
-      for (int c = 0; c < kVec; ++c) {
-        const GlobalScale g = kRowScaled ? col_global[warp][kc * kVec + c] : tensor_col_global;
-        const BlockEncoding enc = encode_block_scale(col_amax_of[c], g);
-        col_r[c] = enc.inverse;
-        if constexpr (kFastEncode) fast_ok = fast_ok && fast_encode_ok<kMinSubnormalExponent>(col_amax_of[c], enc.inverse);
-        col_scale_stage[kc * kVec + c][warp * (L::kTileRows / 16) + group] = static_cast<uint8_t>(enc.scale_byte);
+        for (int c = 0; c < kVec; ++c) {
+          const GlobalScale g = kRowScaled ? col_global[warp][kc * kVec + c] : tensor_col_global;
+          const BlockEncoding enc = encode_block_scale<kInRange>(col_amax_of[c], g);
+          col_r[c] = enc.inverse;
+          if constexpr (kFastEncode) fast_ok = fast_ok & fast_encode_ok<kMinSubnormalExponent>(col_amax_of[c], enc.inverse);
+          col_scale_stage[kc * kVec + c][warp * (L::kTileRows / 16) + group] = static_cast<uint8_t>(enc.scale_byte);
+        }
       }
+      return fast_ok;
+    };
+    bool fast_ok;
+    if constexpr (kBranchFreeScales) {
+      const bool plain = __all_sync(0xFFFFFFFFu, !rows_special && !cols_special);
+      fast_ok = plain ? block_scales(std::true_type{}) : block_scales(std::false_type{});
+    } else {
+      fast_ok = block_scales(std::false_type{});
     }
     if constexpr (kRowwise && !k2D) __syncwarp();  // row_inverse written by the rows' owners
 
@@ -409,7 +462,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
           }
         }
         if constexpr (kColwise) {
-          // the column's bytes of rows row0 + 8 * half ... + 7, within the CTA's rows
+          // the column's bytes of the group's rows 8 * half ... + 7, within the CTA's rows
           const int offset = warp * (L::kTileRows / 2) + group * 8 + half * 4;
 #pragma unroll
           for (int c = 0; c < kVec; ++c) {
@@ -433,6 +486,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     } else {
       encode_patch(std::false_type{});
     }
+    if (has_next) load_patch_rows(patch, next_source, 0), load_patch_rows(patch + 8, next_source, 8);
     // the CTA's columnwise outputs of this tile column leave together
     if constexpr (kColwise) {
       __syncthreads();
@@ -481,7 +535,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
         flush_rows(row_scale, row_scale_pitch, int64_t{unit_first_tk(unit)} * (kQuantTileCols / 16),
                    &row_scale_stage[warp][0][0], std::integral_constant<int, kScaleStageBytes>{}, m0, row_scale_vec);
     }
-    if (kRowScaled && has_next) publish_global_scales(next_tm);
+    if (kRowScaled && has_next) publish_global_scales(next_tm != tm);
     unit = next_unit, tm = next_tm, tk = next_tk;
   }
 }
@@ -521,10 +575,10 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
   constexpr int64_t kTileRows = QuantLane<InT>::kTileRows, kUnitCols = kUnitTiles * kQuantTileCols;
   const int64_t units = ((rows + kTileRows * kQuantWarps - 1) / (kTileRows * kQuantWarps)) * ((cols + kUnitCols - 1) / kUnitCols);
   const int64_t grid = std::min<int64_t>(units, static_cast<int64_t>(sms) * std::max(per_sm, 1));
-  kernel<<<static_cast<unsigned>(grid), kQuantThreads, 0, stream>>>(
-      static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data,
-      col_scale);
-  return launch_status();
+  // the amax pass's programmatic dependent (the kernel waits for it before it reads the amaxes)
+  return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
+                                       static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
+                                       row_data, row_scale, col_data, col_scale);
 }
 
 }  // namespace fp4gen
