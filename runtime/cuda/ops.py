@@ -83,7 +83,9 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, o
 
 
 def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool):
-    """The amax pass, then the quantize pass: two launches on the current stream, no host synchronization."""
+    """The amax pass (its outputs zeroed by a kernel of its own), then the quantize pass: three launches on
+    the current stream, each after the first a programmatic dependent of the one before; no host
+    synchronization."""
     rows, cols = x.shape
     if rows > 0 and cols > 1 and x.stride(1) != 1:
         raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
