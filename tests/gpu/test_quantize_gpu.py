@@ -159,7 +159,8 @@ def test_global_scales_at_the_branch_free_reciprocal_bounds(dtype, direction, sc
     g = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randn(256, 512, device="cuda", generator=g, dtype=torch.float64)
     low, high = 2688 * 2.0 ** -117, 2688 * 2.0 ** 116
-    amaxes = [low * (1 - 2 ** -10), low * (1 + 2 ** -10), high * (1 - 2 ** -10), high * (1 + 2 ** -10), 1e-36, 3e38]
+    # (1 -+ 2^-6: distinct in bf16 too, whose 8-bit significands would round 1 -+ 2^-10 to 1)
+    amaxes = [low * (1 - 2 ** -6), low * (1 + 2 ** -6), high * (1 - 2 ** -6), high * (1 + 2 ** -6), 1e-36, 3e38]
     for k, amax in enumerate(amaxes):
         row, col = 64 * (k % 4) + 3 * k, 70 * k + 5  # spread over tiles, in different tile rows and columns
         if k >= 2 and scaling == "tensor":
