@@ -160,7 +160,7 @@ template <int kBytes>
 __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, int n) {
   using Vector = std::conditional_t<kBytes == 16, uint4, uint2>;
   static_assert(kBytes == 16 || kBytes == 8, "8- or 16-byte pieces");
-  if (n == kBytes && (reinterpret_cast<uintptr_t>(dst) % kBytes) == 0) {
+  if (n == kBytes && aligned(dst, kBytes)) {
     *reinterpret_cast<Vector*>(dst) = *reinterpret_cast<const Vector*>(src);
   } else {
     for (int b = 0; b < n; ++b) dst[b] = src[b];
