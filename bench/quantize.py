@@ -1,28 +1,33 @@
 """fp4gen.quantize on the current GPU against the baselines of design.md section 6.
 
-For each shape and mode it prints: the time of the whole call (amax pass + quantize pass) called eagerly
+For each shape and mode it prints: the time of the whole call (row scaling with a rowwise copy: the row pass,
+then the columnwise-only quantize kernel; otherwise the amax pass, then the quantize kernel) called eagerly
 and replayed from a CUDA graph (device time, no Python launch overhead), the traffic bandwidth of the
 graph time (input bytes read twice, plus every output byte written), a device-to-device copy of the same
 number of bytes measured in the same run, the ratio of the two, and the speed-up of the eager call over
-`torch.compile` of the reference backend's quantize.
+`torch.compile` of the reference backend's quantize. Rows marked "(amax + quantize)" time the same call with
+the row pass turned off (fp4gen.cuda.ops.ROW_PASS_MAX_ROW_BYTES = 0): the path it replaced.
 """
 import torch
 
 import fp4gen
 from fp4gen import reference
+from fp4gen.cuda import ops
 from timing import copy_bandwidth_gbs, graph_median_ms, median_ms
 
 SHAPES = [(8192, 8192), (16384, 4096)]
-MODES = [  # (label, scaling, block, rowwise, columnwise)
-    ("row-scaled, both", "row", (1, 16), True, True),
-    ("per-tensor, both", "tensor", (1, 16), True, True),
-    ("row-scaled, rowwise", "row", (1, 16), True, False),
-    ("16x16 weights, both", "tensor", (16, 16), True, True),
+MODES = [  # (label, scaling, block, rowwise, columnwise, row pass allowed)
+    ("row-scaled, both", "row", (1, 16), True, True, True),
+    ("  (amax + quantize)", "row", (1, 16), True, True, False),
+    ("per-tensor, both", "tensor", (1, 16), True, True, True),
+    ("row-scaled, rowwise", "row", (1, 16), True, False, True),
+    ("  (amax + quantize)", "row", (1, 16), True, False, False),
+    ("16x16 weights, both", "tensor", (16, 16), True, True, True),
 ]
 
 
 def _traffic_bytes(rows, cols, elem, rowwise, columnwise, row_scaled):
-    total = 2 * rows * cols * elem  # the amax pass and the quantize pass each read x
+    total = 2 * rows * cols * elem  # x counted as read twice on either path, so that the ratios compare
     if rowwise:
         total += rows * cols // 2 + rows * cols // 16 + (rows if row_scaled else 1) * 4
     if columnwise:
@@ -37,10 +42,15 @@ def main():
           f"{'of copy':>7} {'compiled us':>11} {'speed-up':>8}")
     for rows, cols in SHAPES:
         x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
-        for label, scaling, block, rowwise, columnwise in MODES:
+        for label, scaling, block, rowwise, columnwise, row_pass in MODES:
             kw = dict(scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
-            ms = median_ms(lambda: fp4gen.quantize(x, **kw))
-            graph_ms = graph_median_ms(lambda: fp4gen.quantize(x, **kw))
+            limit = ops.ROW_PASS_MAX_ROW_BYTES
+            ops.ROW_PASS_MAX_ROW_BYTES = limit if row_pass else 0
+            try:
+                ms = median_ms(lambda: fp4gen.quantize(x, **kw))
+                graph_ms = graph_median_ms(lambda: fp4gen.quantize(x, **kw))
+            finally:
+                ops.ROW_PASS_MAX_ROW_BYTES = limit
             moved = _traffic_bytes(rows, cols, x.element_size(), rowwise, columnwise, scaling == "row")
             copy_gbs = copy_bandwidth_gbs(moved)
             compiled = torch.compile(reference.quantize, dynamic=False)

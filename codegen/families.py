@@ -157,6 +157,29 @@ FAMILIES = {
                    "row scaling with 16x16 blocks: a 16x16 block shares one scale across 16 rows, so it cannot "
                    "take a per-row amax"),),
     ),
+    "row_pass": Family(
+        name="row_pass",
+        op="row_pass",
+        description="row scaling: x [M, K] -> per-row amax, rowwise NVFP4 and (optionally) per-column amax, "
+                    "from one DRAM read of each row panel",
+        template="row_pass.cu.j2",
+        name_prefix="quantize_row_pass",
+        axes={"in_dtype": _tokens(tables.DTYPES), "arch": _tokens(tables.ARCHS)},
+        params=(
+            Param("x", "const void*"),
+            Param("x_row_stride", "int64_t"),  # elements
+            Param("rows", "int64_t"),
+            Param("cols", "int64_t"),
+            Param("row_amax", "float*"),  # [rows]
+            Param("col_amax", "float*"),  # [cols], or null for no per-column amax (and no workspace)
+            Param("row_data", "uint8_t*"),  # [rows, cols/2], contiguous
+            Param("row_scale", "uint8_t*"),  # [rows, cols/16], contiguous
+            Param("workspace", "void*"),  # workspace_size() bytes: each CTA's column maxima
+        ),
+        # the column maxima live in shared memory: can_implement refuses rows of more than 200 KB with col_amax
+        constraints={"cols_multiple_of": 16},
+        alignment={"x": 16},
+    ),
     "gemm_sm90": Family(
         name="gemm_sm90",
         op="gemm",

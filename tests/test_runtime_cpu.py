@@ -218,3 +218,16 @@ def test_quantize_of_cpu_tensor_with_backend_cuda_is_refused():
 
 def test_manifest_path_is_inside_the_checkout():
     assert MANIFEST_PATH.exists() and MANIFEST_PATH.parent.name == "generated"
+
+
+def test_row_pass_rule():
+    # row scaling with a rowwise copy and 1x16 blocks takes the row pass while a row fits ROW_PASS_MAX_ROW_BYTES
+    from fp4gen.cuda.ops import ROW_PASS_MAX_ROW_BYTES, uses_row_pass
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        widest = ROW_PASS_MAX_ROW_BYTES // torch.tensor([], dtype=dtype).element_size()
+        x = torch.empty(3, widest, dtype=dtype)
+        assert uses_row_pass(x, "row", (1, 16), True)
+        assert not uses_row_pass(torch.empty(3, widest + 16, dtype=dtype), "row", (1, 16), True)
+        assert not uses_row_pass(x, "tensor", (1, 16), True)
+        assert not uses_row_pass(x, "tensor", (16, 16), True)
+        assert not uses_row_pass(x, "row", (1, 16), False)  # columnwise only: the amax pass and its kernel

@@ -82,20 +82,43 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, o
     return out
 
 
+# Row-scaled quantization with a rowwise copy and 1x16 blocks takes the row pass (quantize_row_pass_*: per-row
+# amax, rowwise copy and per-column amax from one DRAM read of each row panel, which it reads a second time
+# from cache) and then, for a columnwise copy, the columnwise-only quantize kernel; this beats the amax pass plus
+# the two-direction kernel (bench/RESULTS.md). The second read of a panel comes from cache only while the
+# panels in flight fit in L2, so rows wider than this many bytes take the amax pass and the quantize kernel
+# (0 turns the row pass off).
+ROW_PASS_MAX_ROW_BYTES = 32 * 1024
+
+
+def uses_row_pass(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool) -> bool:
+    return (scaling == "row" and rowwise and tuple(block) == (1, 16) and ROW_PASS_MAX_ROW_BYTES > 0
+            and x.shape[1] * x.element_size() <= ROW_PASS_MAX_ROW_BYTES)
+
+
 def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool):
-    """The amax pass (its outputs zeroed by a kernel of its own), then the quantize pass: three launches on
-    the current stream, each after the first a programmatic dependent of the one before; no host
-    synchronization."""
+    """Row-scaled with a rowwise copy (see uses_row_pass): the row pass, then the columnwise-only quantize kernel
+    if the columnwise copy is asked for. Otherwise: the amax pass (its outputs zeroed by a kernel of its own),
+    then the quantize kernel. Each launch after the first is a programmatic dependent of the one before; no
+    host synchronization."""
     rows, cols = x.shape
     if rows > 0 and cols > 1 and x.stride(1) != 1:
         raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
                          f"elements (last stride 1); pass x.contiguous()")
     device, row_scaled = x.device, scaling == "row"
-    direction = "both" if rowwise and columnwise else ("rowwise" if rowwise else "columnwise")
+    row_pass = uses_row_pass(x, scaling, block, rowwise)
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}  # an empty x is never read
-    amax_kernel = _kernel_for(_problem("amax", device, {"in_dtype": x.dtype}, cols, pointers))
-    quantize_kernel = _kernel_for(_problem("quantize", device, {"in_dtype": x.dtype}, cols, pointers, {
-        "direction": direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}"}))
+    in_dtype = {"in_dtype": x.dtype}
+    if row_pass:
+        first_kernel = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers))
+    else:
+        first_kernel = _kernel_for(_problem("amax", device, in_dtype, cols, pointers))
+    quantize_direction = "columnwise" if row_pass else ("both" if rowwise and columnwise else
+                                                         ("rowwise" if rowwise else "columnwise"))
+    quantize_kernel = None
+    if columnwise or not row_pass:
+        quantize_kernel = _kernel_for(_problem("quantize", device, in_dtype, cols, pointers, {
+            "direction": quantize_direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}"}))
 
     def empty(*shape, dtype=torch.uint8):
         return torch.empty(*shape, dtype=dtype, device=device)
@@ -113,8 +136,11 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
         for amax in (row_amax, col_amax, tensor_amax):
             if amax is not None:
                 amax.zero_()
+    elif row_pass:
+        _launch_row_pass(first_kernel, quantize_kernel, x, row_amax, col_amax, row_data, row_scale, col_data,
+                         col_scale)
     else:
-        _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
+        _launch_quantize(first_kernel, quantize_kernel, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
                          col_data, col_scale)
     e4m3 = torch.float8_e4m3fn
     row = NVFP4Data(row_data, row_scale.view(e4m3), row_amax) if rowwise else None
@@ -122,20 +148,47 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     return row, col
 
 
+def _ptr(t):
+    return t.data_ptr() if t is not None else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _row_pass_workspace_bytes(kernel, device_index: int, rows: int, cols: int, columns: bool) -> int:
+    """The row pass's workspace (one slice of column maxima per CTA): it depends only on the shape and on the
+    device, whose multiprocessors the grid fills. workspace_size reads no pointer; it only tests col_amax for
+    null, so a placeholder address stands for it."""
+    col_amax_placeholder = 16 if columns else None
+    with torch.cuda.device(device_index):
+        return kernel.workspace_size(None, cols, rows, cols, None, col_amax_placeholder, None, None, None)
+
+
+def _launch_row_pass(row_pass_kernel, columnwise_kernel, x, row_amax, col_amax, row_data, row_scale, col_data,
+                     col_scale):
+    rows, cols = x.shape
+    device = x.device
+    stride = x.stride(0) if rows > 1 else cols
+    args = (x.data_ptr(), stride, rows, cols, row_amax.data_ptr(), _ptr(col_amax), row_data.data_ptr(),
+            row_scale.data_ptr())
+    workspace_bytes = _row_pass_workspace_bytes(row_pass_kernel, device.index, rows, cols, col_amax is not None)
+    # from the allocator, on the launching stream: its memory is not reused before the kernels that read it ran
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device) if workspace_bytes else None
+    _launch(row_pass_kernel, device, *args, _ptr(workspace))
+    if columnwise_kernel is not None:
+        _launch(columnwise_kernel, device, x.data_ptr(), stride, rows, cols, None, col_amax.data_ptr(), None, None,
+                col_data.data_ptr(), col_scale.data_ptr())
+
+
 def _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
                      col_data, col_scale):
-    def ptr(t):
-        return t.data_ptr() if t is not None else None
-
     rows, cols = x.shape
     device = x.device
     stride = x.stride(0) if rows > 1 else cols
     if tensor_amax is None:
-        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, ptr(row_amax), ptr(col_amax), None)
+        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), None)
     else:
-        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, None, None, ptr(tensor_amax))
-    _launch(quantize_kernel, device, x.data_ptr(), stride, rows, cols, ptr(row_amax), ptr(col_amax), ptr(row_data),
-            ptr(row_scale), ptr(col_data), ptr(col_scale))
+        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, None, None, _ptr(tensor_amax))
+    _launch(quantize_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), _ptr(row_data),
+            _ptr(row_scale), _ptr(col_data), _ptr(col_scale))
 
 
 # fl(1 / (2688 * 2688)): ctypes rounds the double quotient to fp32, which equals the fp32 quotient

@@ -1,11 +1,14 @@
-"""The generated amax + quantize kernels on a CUDA device: byte-equal to the reference backend and to the
-golden vectors, for every variant."""
+"""The generated amax, row pass and quantize kernels on a CUDA device: byte-equal to the reference backend and
+to the golden vectors, for every variant."""
+import contextlib
+
 import numpy as np
 import pytest
 import torch
 
 import fp4gen
 from conftest import golden_cases, load_golden
+from fp4gen.cuda import ops as cuda_ops
 
 pytestmark = pytest.mark.gpu
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -20,14 +23,41 @@ def assert_same_operand(got, ref):
     assert torch.equal(torch.isnan(got.amax), nan) and torch.equal(got.amax[~nan], ref.amax[~nan]), "amax differs"
 
 
+@contextlib.contextmanager
+def row_pass_limit(max_row_bytes):
+    """Sets fp4gen.cuda.ops.ROW_PASS_MAX_ROW_BYTES (0: never the row pass) for the block."""
+    saved = cuda_ops.ROW_PASS_MAX_ROW_BYTES
+    cuda_ops.ROW_PASS_MAX_ROW_BYTES = max_row_bytes
+    try:
+        yield
+    finally:
+        cuda_ops.ROW_PASS_MAX_ROW_BYTES = saved
+
+
+def takes_row_pass(x, scaling="row", block=(1, 16), rowwise=True, columnwise=True):
+    flat = torch.empty(x.shape[:-1].numel(), x.shape[-1], dtype=x.dtype, device="meta")  # as fp4gen flattens x
+    return cuda_ops.uses_row_pass(flat, scaling, block, rowwise)
+
+
 def assert_same(x, **kw):
-    got = fp4gen.quantize(x, **kw)
+    """fp4gen.quantize on the GPU equals the reference backend. Where the call takes the row pass (row scaling
+    with a rowwise copy, see fp4gen.cuda.ops.uses_row_pass) the other path, the amax pass and the quantize
+    kernel of the same direction, is checked too."""
     ref = fp4gen.quantize(x, backend="reference", **kw)
-    for direction in ("rowwise", "columnwise"):
-        if getattr(ref, direction) is None:
-            assert getattr(got, direction) is None
-        else:
-            assert_same_operand(getattr(got, direction), getattr(ref, direction))
+
+    def check(got):
+        for direction in ("rowwise", "columnwise"):
+            if getattr(ref, direction) is None:
+                assert getattr(got, direction) is None
+            else:
+                assert_same_operand(getattr(got, direction), getattr(ref, direction))
+        return got
+
+    got = check(fp4gen.quantize(x, **kw))
+    if takes_row_pass(x, **kw):
+        with row_pass_limit(0):
+            assert not takes_row_pass(x, **kw)
+            check(fp4gen.quantize(x, **kw))
     return got
 
 
@@ -170,6 +200,31 @@ def test_global_scales_at_the_branch_free_reciprocal_bounds(dtype, direction, sc
     x = x.to(dtype)
     rowwise, columnwise = DIRECTIONS[direction]
     assert_same(x, scaling=scaling, rowwise=rowwise, columnwise=columnwise)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("direction", ["rowwise", "both"])
+def test_row_pass_is_taken_for_row_scaling(dtype, direction):
+    # the shapes of the variant tests above do take it (and assert_same then checks the other path as well)
+    x = torch.randn(1040, 4112, device="cuda").to(dtype)
+    rowwise, columnwise = DIRECTIONS[direction]
+    assert takes_row_pass(x, rowwise=rowwise, columnwise=columnwise)
+    assert not takes_row_pass(x, scaling="tensor", rowwise=rowwise, columnwise=columnwise)
+    assert not takes_row_pass(x, rowwise=False, columnwise=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_rows_wider_than_the_row_pass_limit(dtype):
+    # past ROW_PASS_MAX_ROW_BYTES the amax pass and the quantize kernel run; with the limit raised, the row
+    # pass takes rows whose column maxima need more than the 48 KB of shared memory a kernel gets by default
+    cols = cuda_ops.ROW_PASS_MAX_ROW_BYTES // torch.tensor([], dtype=dtype).element_size() + 16
+    x = heavy(48, cols, dtype, seed=3)
+    assert not takes_row_pass(x)
+    assert_same(x)
+    wide = heavy(32, 160 * 1024 // torch.tensor([], dtype=dtype).element_size(), dtype, seed=4)
+    with row_pass_limit(1 << 20):
+        assert takes_row_pass(wide)
+        assert_same(wide)
 
 
 def test_inf_input():

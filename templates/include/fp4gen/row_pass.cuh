@@ -1,0 +1,370 @@
+// The row pass of row-scaled quantization: per-row amax [M], the rowwise NVFP4 copy (codes [M, K/2], scales
+// [M, K/16]) and, when asked, the per-column amax [K] of x [M, K], reading x from DRAM once (spec sections 2-4).
+//
+// Why a pass of its own: with row scaling, a rowwise block needs its row's amax and a columnwise block its
+// column's, and each spans the whole tensor, so x is read twice. The one-pass quantize kernel (quantize.cuh)
+// encodes both directions in the second read and is bound by instruction issue, while the amax pass before it
+// is bound by DRAM and leaves the SMs idle. Here the rowwise encode moves into the first read: a CTA takes a
+// panel of kRowPassPanelRows whole rows, reads it once for the rows' amaxes (phase A), and reads it again to
+// encode it (phase B), which finds it in L1 or L2 (its CTAs' panels together are a few MB). The columnwise
+// copy is then the quantize family's columnwise-only kernel, whose read is the second one from DRAM.
+//
+// Work split: a warp's chunk is 32 rowwise blocks (512 elements) of a row, and chunks are dealt to the CTA's
+// warps in turn. Lane l holds block l of the chunk, its 16 elements in kLoads 16-byte vectors, so a block's
+// amax, scale and codes need no other lane; a lane stores 8 bytes of codes (a warp, 256 contiguous bytes)
+// and one scale byte.
+//
+// Column amaxes: a CTA keeps running maxima of its columns over all its panels in shared memory, laid out
+// like the phase-B loads ([chunk][vector][lane], packed like the input) so that each slot belongs to the one
+// warp that reads that chunk: no atomics. At the end each CTA writes them to the workspace and
+// column_amax_reduce_kernel takes the maximum over the CTAs. (Atomics from every CTA straight into col_amax
+// cost 30-60 us on 8192x8192 on the H200: all CTAs end at once and update the same addresses.)
+//
+// Numerics are those of quantize.cuh's rowwise copy: maxima on |x| bit patterns (NaN-propagating row and
+// column amaxes), block amaxes that ignore NaN, encode_block_scale, and on sm_90a the branch-free reciprocal
+// and the fast encode wherever their conditions hold for every row of the panel and block of the step.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+
+#include "fp4gen/abi.h"
+#include "fp4gen/elements.cuh"
+#include "fp4gen/nvfp4.cuh"
+
+namespace fp4gen {
+
+// 8 warps and 2 rows per panel: the best of the shapes tried on the H200 (4-16 warps, 2-8 rows; bench/RESULTS.md).
+constexpr int kRowPassWarps = 8, kRowPassThreads = 32 * kRowPassWarps, kRowPassPanelRows = 2;
+constexpr int kRowPassChunk = 32 * 16;  // elements of a row that a warp takes at a time: 32 blocks
+constexpr int kColumnReduceSplits = 8;  // CTAs over the partials of one column group
+
+template <class InT>
+struct RowPassLayout {
+  static constexpr int kVec = Element<InT>::kPerVector;  // elements per 16-byte vector
+  static constexpr int kLoads = 16 / kVec;               // vectors per block: 2 (16-bit) or 4 (fp32)
+  // bytes of shared memory (and of each CTA's workspace slice) for the column maxima of `cols` columns
+  static int64_t column_bytes(int64_t cols) {
+    return (cols + kRowPassChunk - 1) / kRowPassChunk * kRowPassChunk * static_cast<int64_t>(sizeof(InT));
+  }
+};
+
+template <class InT, bool kHardwareCvt>
+__global__ void __launch_bounds__(kRowPassThreads)
+    row_pass_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
+                    float* __restrict__ row_amax, float* __restrict__ col_amax, uint4* __restrict__ col_partial,
+                    uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale) {
+  using E = Element<InT>;
+  using Layout = RowPassLayout<InT>;
+  constexpr int kVec = Layout::kVec, kLoads = Layout::kLoads, kPanelRows = kRowPassPanelRows;
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(InT));
+  constexpr bool kFastEncode = !kHardwareCvt && sizeof(InT) == 2;  // as in quantize.cuh
+  constexpr bool kBranchFreeScales = !kHardwareCvt;
+  extern __shared__ __align__(16) uint4 column_max[];  // [chunk][vector][lane]; only when col_amax != nullptr
+  __shared__ uint32_t warp_row_max[kRowPassWarps][kPanelRows];
+  __shared__ GlobalScale panel_global[kPanelRows];
+  __shared__ bool panel_special[kPanelRows];
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const bool columns = col_amax != nullptr;
+  const int chunks = static_cast<int>((cols + kRowPassChunk - 1) / kRowPassChunk);
+  const int column_slots = chunks * kLoads * 32;
+  if (columns)
+    for (int i = threadIdx.x; i < column_slots; i += kRowPassThreads) column_max[i] = make_uint4(0, 0, 0, 0);
+  const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
+  const int64_t per_cta = panels / gridDim.x, extra = panels % gridDim.x;
+  const int64_t first_panel = blockIdx.x * per_cta + std::min<int64_t>(blockIdx.x, extra);
+  const int64_t end_panel = first_panel + per_cta + (blockIdx.x < extra ? 1 : 0);
+  const int64_t data_pitch = cols / 2, scale_pitch = cols / 16;
+  __syncthreads();
+
+  // Launched as the programmatic dependent of the kernel before it on the stream (which may write x or read
+  // the outputs): wait for it before touching global memory.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (columns)  // column_amax_reduce_kernel accumulates into col_amax with atomicMax after this grid ends
+    for (int64_t c = int64_t{blockIdx.x} * kRowPassThreads + threadIdx.x; c < cols;
+         c += int64_t{gridDim.x} * kRowPassThreads)
+      col_amax[c] = 0.0f;
+
+  for (int64_t panel = first_panel; panel < end_panel; ++panel) {
+    const int64_t r0 = panel * kPanelRows;
+    const int panel_rows = static_cast<int>(std::min<int64_t>(rows - r0, kPanelRows));
+    const InT* lane_x = x + r0 * x_row_stride + lane * 16;  // block `lane` of chunk 0, row 0 of the panel
+    // this lane's block of chunk `chunk` in each row of the panel (zeros outside the tensor: K is a multiple
+    // of 16, so a block is wholly inside or outside)
+    auto load_block = [&](int chunk, uint4 (&v)[kPanelRows][kLoads]) {
+      const bool inside = int64_t{chunk} * kRowPassChunk + lane * 16 < cols;
+      const InT* src = lane_x + int64_t{chunk} * kRowPassChunk;
+#pragma unroll
+      for (int p = 0; p < kPanelRows; ++p)
+#pragma unroll
+        for (int l = 0; l < kLoads; ++l)
+          v[p][l] = inside && p < panel_rows ? *reinterpret_cast<const uint4*>(src + p * x_row_stride + l * kVec)
+                                             : make_uint4(0, 0, 0, 0);
+    };
+
+    // Phase A: the rows' amaxes (each warp's share, then across warps) and the columns' running maxima.
+    uint32_t row_max[kPanelRows];  // packed like the input
+#pragma unroll
+    for (int p = 0; p < kPanelRows; ++p) row_max[p] = 0u;
+    for (int chunk = warp; chunk < chunks; chunk += kRowPassWarps) {
+      uint4 v[kPanelRows][kLoads];
+      load_block(chunk, v);
+#pragma unroll
+      for (int p = 0; p < kPanelRows; ++p)
+#pragma unroll
+        for (int l = 0; l < kLoads; ++l) {
+          const uint4 w = v[p][l];
+          row_max[p] = word_abs_max<InT>(word_abs_max<InT>(row_max[p], w.x), w.y);
+          row_max[p] = word_abs_max<InT>(word_abs_max<InT>(row_max[p], w.z), w.w);
+        }
+      if (columns) {
+#pragma unroll
+        for (int l = 0; l < kLoads; ++l) {
+          uint4& slot = column_max[(chunk * kLoads + l) * 32 + lane];
+          uint4 col = slot;
+#pragma unroll
+          for (int p = 0; p < kPanelRows; ++p) {
+            const uint4 w = v[p][l];
+            col = make_uint4(word_abs_max<InT>(col.x, w.x), word_abs_max<InT>(col.y, w.y),
+                             word_abs_max<InT>(col.z, w.z), word_abs_max<InT>(col.w, w.w));
+          }
+          slot = col;
+        }
+      }
+    }
+#pragma unroll
+    for (int p = 0; p < kPanelRows; ++p) {
+      uint32_t m = word_element<InT>(row_max[p], 0);
+      if constexpr (kPerWord == 2) m = max(m, word_element<InT>(row_max[p], 1));
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
+      if (lane == 0) warp_row_max[warp][p] = m;
+    }
+    __syncthreads();
+    // one thread per row: its amax and global scale, once for the CTA
+    if (threadIdx.x < kPanelRows) {
+      const int p = threadIdx.x;
+      uint32_t m = 0;
+#pragma unroll
+      for (int w = 0; w < kRowPassWarps; ++w) m = max(m, warp_row_max[w][p]);
+      const float amax = __uint_as_float(E::abs_bits_as_float_bits(m));
+      const GlobalScale g = global_scale(amax);
+      panel_global[p] = g;
+      // as quantize.cuh's rows_special: NaN amax, or a global scale outside the branch-free reciprocal's range
+      panel_special[p] = isnan(amax) || !block_reciprocals_in_range(g);
+      if (p < panel_rows) row_amax[r0 + p] = amax;
+    }
+    __syncthreads();  // (also: warp_row_max is free for the next panel)
+    GlobalScale g[kPanelRows];
+    bool special = false;
+#pragma unroll
+    for (int p = 0; p < kPanelRows; ++p) g[p] = panel_global[p], special = special || panel_special[p];
+    // read back before the next panel's first barrier, after which panel_global may change
+
+    // Phase B: read the panel again and encode it. A step is one chunk of every row of the panel: its block
+    // scales first (no branch between them), then one vote for the fast encode of all of them.
+    uint8_t* lane_data = row_data + r0 * data_pitch + lane * 8;
+    uint8_t* lane_scale = row_scale + r0 * scale_pitch + lane;
+    for (int chunk = warp; chunk < chunks; chunk += kRowPassWarps) {
+      uint4 v[kPanelRows][kLoads];
+      load_block(chunk, v);
+      const bool inside = int64_t{chunk} * kRowPassChunk + lane * 16 < cols;
+      auto encode_step = [&](auto in_range) {
+        constexpr bool kInRange = decltype(in_range)::value;
+        float r[kPanelRows];
+        bool fast_ok = kFastEncode && kInRange;
+#pragma unroll
+        for (int p = 0; p < kPanelRows; ++p) {
+          float block_amax;
+          if constexpr (kPerWord == 2) {
+            auto am = [](uint32_t a, uint32_t b) { return abs_max_xorsign<InT>(a, b); };
+            const uint4 a = v[p][0], b = v[p][1];
+            const uint32_t m = am(am(am(a.x, a.y), am(a.z, a.w)), am(am(b.x, b.y), am(b.z, b.w)));
+            block_amax = fmaxf(xorsign_half_to_amax<InT>(m, 0), xorsign_half_to_amax<InT>(m, 1));
+          } else {
+            block_amax = 0.0f;  // fmaxf ignores NaN elements (0 if all are NaN)
+#pragma unroll
+            for (int l = 0; l < kLoads; ++l) {
+              const uint4 w = v[p][l];
+              block_amax = fmaxf(block_amax, fmaxf(fmaxf(fabsf(__uint_as_float(w.x)), fabsf(__uint_as_float(w.y))),
+                                                   fmaxf(fabsf(__uint_as_float(w.z)), fabsf(__uint_as_float(w.w)))));
+            }
+          }
+          const BlockEncoding enc = encode_block_scale<kInRange>(block_amax, g[p]);
+          r[p] = enc.inverse;
+          if constexpr (kFastEncode && kInRange)
+            fast_ok = fast_ok & fast_encode_ok<E::kMinSubnormalExponent>(block_amax, enc.inverse);
+          if (inside && p < panel_rows)
+            lane_scale[p * scale_pitch + int64_t{chunk} * 32] = static_cast<uint8_t>(enc.scale_byte);
+        }
+        auto encode = [&](auto fast) {
+#pragma unroll
+          for (int p = 0; p < kPanelRows; ++p) {
+            uint32_t codes[2];
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {  // 8 elements to a word
+              float vals[8];
+#pragma unroll
+              for (int c = 0; c < 8; ++c)
+                vals[c] = E::word_element_to_float(&v[p][(8 * half + c) / kVec].x, (8 * half + c) % kVec);
+              if constexpr (decltype(fast)::value) {
+                codes[half] = encode_codes_fast(vals, r[p]);
+              } else {
+                codes[half] = encode_codes<kHardwareCvt, 8>(vals, r[p]);
+              }
+            }
+            if (inside && p < panel_rows)
+              *reinterpret_cast<uint2*>(lane_data + p * data_pitch + int64_t{chunk} * (kRowPassChunk / 2)) =
+                  make_uint2(codes[0], codes[1]);
+          }
+        };
+        if constexpr (kFastEncode && kInRange) {
+          if (__all_sync(0xFFFFFFFFu, fast_ok)) {
+            encode(std::true_type{});
+            return;
+          }
+        }
+        encode(std::false_type{});
+      };
+      if constexpr (kBranchFreeScales) {
+        // a vote, so that the compiler sees a warp-uniform branch around the shuffles of __all_sync
+        if (__any_sync(0xFFFFFFFFu, special)) {
+          encode_step(std::false_type{});
+        } else {
+          encode_step(std::true_type{});
+        }
+      } else {
+        encode_step(std::false_type{});
+      }
+    }
+  }
+
+  if (columns) {
+    __syncthreads();
+    uint4* partial = col_partial + int64_t{blockIdx.x} * column_slots;
+    for (int i = threadIdx.x; i < column_slots; i += kRowPassThreads) partial[i] = column_max[i];
+  }
+  // The next kernel (column_amax_reduce_kernel or the columnwise pass) may launch; it waits for this grid.
+  asm volatile("griddepcontrol.launch_dependents;");
+}
+
+// col_amax = the maximum over the row pass's n_partials CTA slices (zeroed by the row pass, then atomicMax).
+// CTA (group, split): 32 slots (one per lane) of partials split, split + kColumnReduceSplits, ..., its 32 warps
+// taking those in turn.
+template <class InT>
+__global__ void __launch_bounds__(1024)
+    column_amax_reduce_kernel(const uint4* __restrict__ col_partial, int n_partials, int slots, int64_t cols,
+                              float* __restrict__ col_amax) {
+  using E = Element<InT>;
+  constexpr int kVec = RowPassLayout<InT>::kVec, kLoads = RowPassLayout<InT>::kLoads;
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(InT));
+  __shared__ uint4 warp_max[32][32];
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the row pass's partials and zeroed col_amax
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int slot = blockIdx.x * 32 + lane;
+  auto combine = [](uint4 a, uint4 b) {
+    return make_uint4(word_abs_max<InT>(a.x, b.x), word_abs_max<InT>(a.y, b.y), word_abs_max<InT>(a.z, b.z),
+                      word_abs_max<InT>(a.w, b.w));
+  };
+  uint4 m = make_uint4(0, 0, 0, 0);
+  if (slot < slots)
+    for (int k = blockIdx.y * 32 + warp; k < n_partials; k += 32 * kColumnReduceSplits)
+      m = combine(m, col_partial[int64_t{k} * slots + slot]);
+  warp_max[warp][lane] = m;
+  __syncthreads();
+  if (warp == 0 && slot < slots) {
+#pragma unroll 4
+    for (int w = 1; w < 32; ++w) m = combine(m, warp_max[w][lane]);
+    // slot (chunk, vector, lane) holds columns chunk * kRowPassChunk + lane * 16 + vector * kVec + [0, kVec)
+    const int64_t col0 = int64_t{slot / (32 * kLoads)} * kRowPassChunk + (slot % 32) * 16 + (slot / 32 % kLoads) * kVec;
+#pragma unroll
+    for (int c = 0; c < kVec; ++c) {
+      const int w = c / kPerWord;
+      const uint32_t word = w == 0 ? m.x : w == 1 ? m.y : w == 2 ? m.z : m.w;
+      if (col0 + c < cols)
+        atomicMax(reinterpret_cast<unsigned int*>(col_amax + col0 + c),
+                  E::abs_bits_as_float_bits(word_element<InT>(word, c % kPerWord)));
+    }
+  }
+  asm volatile("griddepcontrol.launch_dependents;");
+}
+
+// The row pass's grid: CTAs that fit on the GPU at once, at most one per panel. 0 on a CUDA error.
+template <class InT, bool kHardwareCvt>
+int64_t row_pass_grid(int64_t rows, int64_t cols, bool columns, size_t* shared_bytes);
+
+// Shared memory for the column maxima of up to this many bytes of a row (the H200's limit per CTA, less the
+// static arrays); wider rows are refused.
+constexpr int64_t kRowPassMaxColumnBytes = 200 * 1024;
+
+template <class InT, bool kHardwareCvt>
+int64_t row_pass_grid(int64_t rows, int64_t cols, bool columns, size_t* shared_bytes) {
+  auto kernel = row_pass_kernel<InT, kHardwareCvt>;
+  *shared_bytes = columns ? static_cast<size_t>(RowPassLayout<InT>::column_bytes(cols)) : 0;
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 0;
+  // more than the 48 KB a kernel gets by default needs an opt-in (only rows of more than 48 KB of column maxima)
+  constexpr size_t kDefaultSharedBytes = 48 * 1024;
+  if (*shared_bytes > kDefaultSharedBytes &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(*shared_bytes)) !=
+          cudaSuccess)
+    return 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRowPassThreads, *shared_bytes) != cudaSuccess)
+    return 0;
+  const int64_t panels = (rows + kRowPassPanelRows - 1) / kRowPassPanelRows;
+  return std::max<int64_t>(1, std::min<int64_t>(panels, static_cast<int64_t>(sms) * std::max(per_sm, 1)));
+}
+
+template <class InT>
+int row_pass_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
+                           float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace) {
+  (void)workspace;  // checked by row_pass_run, where its size is known
+  if (rows < 0 || cols < 0 || cols % 16 != 0) return kInvalidProblem;
+  if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
+  if (row_amax == nullptr || row_data == nullptr || row_scale == nullptr) return kInvalidProblem;
+  if (col_amax != nullptr && RowPassLayout<InT>::column_bytes(cols) > kRowPassMaxColumnBytes) return kInvalidProblem;
+  if (!aligned(x, 16) || (rows > 1 && (x_row_stride * static_cast<int64_t>(sizeof(InT))) % 16 != 0))
+    return kMisaligned;
+  if (!aligned(row_data, 8)) return kMisaligned;
+  return kOk;
+}
+
+// Workspace: each CTA's column maxima (none without col_amax).
+template <class InT, bool kHardwareCvt>
+size_t row_pass_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
+                               float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace) {
+  (void)x, (void)x_row_stride, (void)row_amax, (void)row_data, (void)row_scale, (void)workspace;
+  if (col_amax == nullptr || rows <= 0 || cols <= 0) return 0;
+  size_t shared_bytes = 0;
+  const int64_t grid = row_pass_grid<InT, kHardwareCvt>(rows, cols, true, &shared_bytes);
+  return static_cast<size_t>(grid) * shared_bytes;
+}
+
+template <class InT, bool kHardwareCvt>
+int row_pass_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax,
+                 uint8_t* row_data, uint8_t* row_scale, void* workspace, cudaStream_t stream) {
+  const int status =
+      row_pass_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace);
+  if (status != kOk) return status;
+  if (rows == 0 || cols == 0) return kOk;
+  const bool columns = col_amax != nullptr;
+  if (columns && (workspace == nullptr || !aligned(workspace, 16))) return kInvalidProblem;
+  size_t shared_bytes = 0;
+  const int64_t grid = row_pass_grid<InT, kHardwareCvt>(rows, cols, columns, &shared_bytes);
+  if (grid == 0) return launch_status();
+  const int launched = launch_programmatic_dependent(
+      row_pass_kernel<InT, kHardwareCvt>, dim3(static_cast<unsigned>(grid)), dim3(kRowPassThreads), shared_bytes,
+      stream, static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax, static_cast<uint4*>(workspace),
+      row_data, row_scale);
+  if (launched != kOk || !columns) return launched;
+  const int slots = static_cast<int>(shared_bytes / sizeof(uint4));
+  return launch_programmatic_dependent(column_amax_reduce_kernel<InT>,
+                                       dim3(static_cast<unsigned>((slots + 31) / 32), kColumnReduceSplits), dim3(1024),
+                                       0, stream, static_cast<const uint4*>(workspace), static_cast<int>(grid), slots,
+                                       cols, col_amax);
+}
+
+}  // namespace fp4gen
