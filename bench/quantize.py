@@ -6,8 +6,13 @@ and replayed from a CUDA graph (device time, no Python launch overhead), the tra
 graph time (input bytes read twice, plus every output byte written), a device-to-device copy of the same
 number of bytes measured in the same run, the ratio of the two, and the speed-up of the eager call over
 `torch.compile` of the reference backend's quantize. Rows marked "(amax + quantize)" time the same call with
-the row pass turned off (fp4gen.cuda.ops.ROW_PASS_MAX_ROW_BYTES = 0): the path it replaced.
+the row pass turned off (fp4gen.cuda.ops.row_pass_limits(0)): the path it replaced.
+
+`python quantize.py --paths` compares the two paths (graph time) over more shapes and dtypes, the row pass
+allowed for any row width.
 """
+import contextlib
+
 import torch
 
 import fp4gen
@@ -44,13 +49,9 @@ def main():
         x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
         for label, scaling, block, rowwise, columnwise, row_pass in MODES:
             kw = dict(scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
-            limit = ops.ROW_PASS_MAX_ROW_BYTES
-            ops.ROW_PASS_MAX_ROW_BYTES = limit if row_pass else 0
-            try:
+            with contextlib.nullcontext() if row_pass else ops.row_pass_limits(0):
                 ms = median_ms(lambda: fp4gen.quantize(x, **kw))
                 graph_ms = graph_median_ms(lambda: fp4gen.quantize(x, **kw))
-            finally:
-                ops.ROW_PASS_MAX_ROW_BYTES = limit
             moved = _traffic_bytes(rows, cols, x.element_size(), rowwise, columnwise, scaling == "row")
             copy_gbs = copy_bandwidth_gbs(moved)
             compiled = torch.compile(reference.quantize, dynamic=False)
@@ -60,5 +61,28 @@ def main():
                   f"{copy_gbs:>9.0f} {gbs / copy_gbs:>7.2f} {compiled_ms * 1e3:>11.1f} {compiled_ms / ms:>8.2f}")
 
 
+# --paths: the row pass against the path it replaced, over more shapes (row scaling, bf16 and fp32): where
+# the limits of fp4gen.cuda.ops.uses_row_pass should lie
+PATH_SHAPES = [(256, 8192), (1024, 4096), (4096, 4096), (2048, 16384), (8192, 16384), (32768, 2048), (2048, 32768)]
+
+
+def compare_paths():
+    torch.manual_seed(0)
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(f"{'shape':>12} {'dtype':>8} {'copy':<8} {'row pass us':>11} {'amax + quantize us':>18} {'ratio':>6}")
+    for rows, cols in PATH_SHAPES:
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(rows, cols, device="cuda", dtype=dtype)
+            for label, columnwise in (("both", True), ("rowwise", False)):
+                times = []
+                for allowed in (1 << 30, 0):
+                    with ops.row_pass_limits(allowed):
+                        times.append(graph_median_ms(lambda: fp4gen.quantize(x, columnwise=columnwise)))
+                print(f"{rows:>5}x{cols:<6} {str(dtype).replace('torch.', ''):>8} {label:<8} {times[0] * 1e3:>11.1f} "
+                      f"{times[1] * 1e3:>18.1f} {times[1] / times[0]:>6.2f}", flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    compare_paths() if "--paths" in sys.argv else main()

@@ -221,13 +221,21 @@ def test_manifest_path_is_inside_the_checkout():
 
 
 def test_row_pass_rule():
-    # row scaling with a rowwise copy and 1x16 blocks takes the row pass while a row fits ROW_PASS_MAX_ROW_BYTES
-    from fp4gen.cuda.ops import ROW_PASS_MAX_ROW_BYTES, uses_row_pass
+    # row scaling with a rowwise copy and 1x16 blocks takes the row pass while a row fits the limit: one for
+    # calls with both copies, a wider one for the rowwise copy alone
+    from fp4gen.cuda.ops import ROW_PASS_MAX_ROW_BYTES, ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES, uses_row_pass
+    assert ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES > ROW_PASS_MAX_ROW_BYTES > 0
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        widest = ROW_PASS_MAX_ROW_BYTES // torch.tensor([], dtype=dtype).element_size()
-        x = torch.empty(3, widest, dtype=dtype)
-        assert uses_row_pass(x, "row", (1, 16), True)
-        assert not uses_row_pass(torch.empty(3, widest + 16, dtype=dtype), "row", (1, 16), True)
-        assert not uses_row_pass(x, "tensor", (1, 16), True)
-        assert not uses_row_pass(x, "tensor", (16, 16), True)
-        assert not uses_row_pass(x, "row", (1, 16), False)  # columnwise only: the amax pass and its kernel
+        elem = torch.tensor([], dtype=dtype).element_size()
+        x = torch.empty(3, ROW_PASS_MAX_ROW_BYTES // elem, dtype=dtype, device="meta")
+        wider = torch.empty(3, ROW_PASS_MAX_ROW_BYTES // elem + 16, dtype=dtype, device="meta")
+        widest = torch.empty(3, ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES // elem, dtype=dtype, device="meta")
+        assert uses_row_pass(x, "row", (1, 16), True, True)
+        assert not uses_row_pass(wider, "row", (1, 16), True, True)
+        assert uses_row_pass(wider, "row", (1, 16), True, False)
+        assert uses_row_pass(widest, "row", (1, 16), True, False)
+        assert not uses_row_pass(torch.empty(3, widest.shape[1] + 16, dtype=dtype, device="meta"), "row", (1, 16),
+                                 True, False)
+        assert not uses_row_pass(x, "tensor", (1, 16), True, True)
+        assert not uses_row_pass(x, "tensor", (16, 16), True, True)
+        assert not uses_row_pass(x, "row", (1, 16), False, True)  # columnwise only: the amax pass and its kernel

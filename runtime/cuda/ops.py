@@ -2,6 +2,7 @@
 allocator, and launch on the current stream of the tensors' device."""
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -84,16 +85,31 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, o
 
 # Row-scaled quantization with a rowwise copy and 1x16 blocks takes the row pass (quantize_row_pass_*: per-row
 # amax, rowwise copy and per-column amax from one DRAM read of each row panel, which it reads a second time
-# from cache) and then, for a columnwise copy, the columnwise-only quantize kernel; this beats the amax pass plus
-# the two-direction kernel (bench/RESULTS.md). The second read of a panel comes from cache only while the
-# panels in flight fit in L2, so rows wider than this many bytes take the amax pass and the quantize kernel
-# (0 turns the row pass off).
+# from cache) and then, for a columnwise copy, the columnwise-only quantize kernel, where that beat the amax
+# pass plus the quantize kernel on the H200 (bench/quantize.py --paths, bench/RESULTS.md): with both copies
+# for rows of up to 32 KB (wider rows: their panels in flight no longer fit in L2, and it lost, 0.77-0.90x);
+# with the rowwise copy alone for every width measured, up to 128 KB rows. 0 turns the row pass off.
 ROW_PASS_MAX_ROW_BYTES = 32 * 1024
+ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES = 128 * 1024
 
 
-def uses_row_pass(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool) -> bool:
-    return (scaling == "row" and rowwise and tuple(block) == (1, 16) and ROW_PASS_MAX_ROW_BYTES > 0
-            and x.shape[1] * x.element_size() <= ROW_PASS_MAX_ROW_BYTES)
+@contextlib.contextmanager
+def row_pass_limits(max_row_bytes: int):
+    """Both row-width limits set to max_row_bytes inside the block (0: never the row pass): for tests and
+    benchmarks that compare the two paths. Not thread-safe: it changes module state."""
+    global ROW_PASS_MAX_ROW_BYTES, ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES
+    saved = ROW_PASS_MAX_ROW_BYTES, ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES
+    ROW_PASS_MAX_ROW_BYTES = ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES = max_row_bytes
+    try:
+        yield
+    finally:
+        ROW_PASS_MAX_ROW_BYTES, ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES = saved
+
+
+def uses_row_pass(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool) -> bool:
+    limit = ROW_PASS_MAX_ROW_BYTES if columnwise else ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES
+    return (scaling == "row" and rowwise and tuple(block) == (1, 16) and limit > 0
+            and x.shape[1] * x.element_size() <= limit)
 
 
 def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool):
@@ -106,7 +122,7 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
         raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
                          f"elements (last stride 1); pass x.contiguous()")
     device, row_scaled = x.device, scaling == "row"
-    row_pass = uses_row_pass(x, scaling, block, rowwise)
+    row_pass = uses_row_pass(x, scaling, block, rowwise, columnwise)
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}  # an empty x is never read
     in_dtype = {"in_dtype": x.dtype}
     if row_pass:

@@ -1,7 +1,5 @@
 """The generated amax, row pass and quantize kernels on a CUDA device: byte-equal to the reference backend and
 to the golden vectors, for every variant."""
-import contextlib
-
 import numpy as np
 import pytest
 import torch
@@ -23,20 +21,9 @@ def assert_same_operand(got, ref):
     assert torch.equal(torch.isnan(got.amax), nan) and torch.equal(got.amax[~nan], ref.amax[~nan]), "amax differs"
 
 
-@contextlib.contextmanager
-def row_pass_limit(max_row_bytes):
-    """Sets fp4gen.cuda.ops.ROW_PASS_MAX_ROW_BYTES (0: never the row pass) for the block."""
-    saved = cuda_ops.ROW_PASS_MAX_ROW_BYTES
-    cuda_ops.ROW_PASS_MAX_ROW_BYTES = max_row_bytes
-    try:
-        yield
-    finally:
-        cuda_ops.ROW_PASS_MAX_ROW_BYTES = saved
-
-
 def takes_row_pass(x, scaling="row", block=(1, 16), rowwise=True, columnwise=True):
     flat = torch.empty(x.shape[:-1].numel(), x.shape[-1], dtype=x.dtype, device="meta")  # as fp4gen flattens x
-    return cuda_ops.uses_row_pass(flat, scaling, block, rowwise)
+    return cuda_ops.uses_row_pass(flat, scaling, block, rowwise, columnwise)
 
 
 def assert_same(x, **kw):
@@ -55,7 +42,7 @@ def assert_same(x, **kw):
 
     got = check(fp4gen.quantize(x, **kw))
     if takes_row_pass(x, **kw):
-        with row_pass_limit(0):
+        with cuda_ops.row_pass_limits(0):
             assert not takes_row_pass(x, **kw)
             check(fp4gen.quantize(x, **kw))
     return got
@@ -211,18 +198,22 @@ def test_row_pass_is_taken_for_row_scaling(dtype, direction):
     assert takes_row_pass(x, rowwise=rowwise, columnwise=columnwise)
     assert not takes_row_pass(x, scaling="tensor", rowwise=rowwise, columnwise=columnwise)
     assert not takes_row_pass(x, rowwise=False, columnwise=True)
+    assert not takes_row_pass(x, block=(16, 16), rowwise=rowwise, columnwise=columnwise)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_rows_wider_than_the_row_pass_limit(dtype):
-    # past ROW_PASS_MAX_ROW_BYTES the amax pass and the quantize kernel run; with the limit raised, the row
+    # past ROW_PASS_MAX_ROW_BYTES a call with both copies takes the amax pass and the quantize kernel, while
+    # the rowwise copy alone still takes the row pass (without column maxima); with the limit raised, the row
     # pass takes rows whose column maxima need more than the 48 KB of shared memory a kernel gets by default
-    cols = cuda_ops.ROW_PASS_MAX_ROW_BYTES // torch.tensor([], dtype=dtype).element_size() + 16
-    x = heavy(48, cols, dtype, seed=3)
+    elem = torch.tensor([], dtype=dtype).element_size()
+    x = heavy(48, cuda_ops.ROW_PASS_MAX_ROW_BYTES // elem + 16, dtype, seed=3)
     assert not takes_row_pass(x)
     assert_same(x)
-    wide = heavy(32, 160 * 1024 // torch.tensor([], dtype=dtype).element_size(), dtype, seed=4)
-    with row_pass_limit(1 << 20):
+    assert takes_row_pass(x, columnwise=False)
+    assert_same(x, columnwise=False)
+    wide = heavy(32, 160 * 1024 // elem, dtype, seed=4)
+    with cuda_ops.row_pass_limits(1 << 20):
         assert takes_row_pass(wide)
         assert_same(wide)
 
