@@ -293,13 +293,6 @@ __global__ void __launch_bounds__(1024)
 
 // The row pass's grid: CTAs that fit on the GPU at once, at most one per panel. 0 on a CUDA error.
 template <class InT, bool kHardwareCvt>
-int64_t row_pass_grid(int64_t rows, int64_t cols, bool columns, size_t* shared_bytes);
-
-// Shared memory for the column maxima of up to this many bytes of a row (the H200's limit per CTA, less the
-// static arrays); wider rows are refused.
-constexpr int64_t kRowPassMaxColumnBytes = 200 * 1024;
-
-template <class InT, bool kHardwareCvt>
 int64_t row_pass_grid(int64_t rows, int64_t cols, bool columns, size_t* shared_bytes) {
   auto kernel = row_pass_kernel<InT, kHardwareCvt>;
   *shared_bytes = columns ? static_cast<size_t>(RowPassLayout<InT>::column_bytes(cols)) : 0;
@@ -318,6 +311,10 @@ int64_t row_pass_grid(int64_t rows, int64_t cols, bool columns, size_t* shared_b
   const int64_t panels = (rows + kRowPassPanelRows - 1) / kRowPassPanelRows;
   return std::max<int64_t>(1, std::min<int64_t>(panels, static_cast<int64_t>(sms) * std::max(per_sm, 1)));
 }
+
+// Shared memory for the column maxima of up to this many bytes of a row (the H200's limit per CTA, less the
+// static arrays); wider rows are refused.
+constexpr int64_t kRowPassMaxColumnBytes = 200 * 1024;
 
 template <class InT>
 int row_pass_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
