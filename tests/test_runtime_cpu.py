@@ -130,6 +130,24 @@ def test_built_quantize_library_checks_problems(name):
     assert kernel.can_implement(*missing_output) == 1
 
 
+@needs_build
+@pytest.mark.parametrize("name", _kernels("row_pass"))
+def test_built_row_pass_library_checks_problems(name):
+    kernel = library.load_kernel(name)
+    elem = {"bf16": 2, "fp16": 2, "fp32": 4}[MANIFEST["kernels"][name]["values"]["in_dtype"]]
+    ok = (0x1000, 64, 30, 64, 0x2000, 0x2100, 0x3000, 0x4000, 0x5000)  # rows need not be a multiple of 16
+    assert kernel.can_implement(*ok) == 0
+    assert kernel.can_implement(0x1004, *ok[1:]) == 2  # x not 16-byte aligned
+    assert kernel.can_implement(*ok[:6], 0x3004, *ok[7:]) == 2  # codes not 8-byte aligned
+    assert kernel.can_implement(*ok[:3], 24, *ok[4:]) == 1  # cols not a multiple of 16
+    assert kernel.can_implement(*ok[:4], None, *ok[5:]) == 1  # no row amax
+    assert kernel.can_implement(*ok[:6], None, *ok[7:]) == 1  # no codes
+    # column maxima in shared memory: rows of more than 200 KB only without col_amax
+    wide = 200 * 1024 // elem + 16
+    assert kernel.can_implement(ok[0], wide, ok[2], wide, *ok[4:]) == 1
+    assert kernel.can_implement(ok[0], wide, ok[2], wide, ok[4], None, *ok[6:]) == 0
+
+
 def test_gemm_tile_choice_follows_m():
     def chosen(rows, cols=256):
         return select(_problem(op="gemm", rows=rows, cols=cols, pointers={}), MANIFEST)
