@@ -82,6 +82,14 @@ _GEMM_OUTPUT_PARAMS = (
     Param("workspace", "void*"),  # workspace_size() bytes from the caller's allocator
 )
 
+# The input every quantize-side family reads: x [rows, cols], rows x_row_stride elements apart.
+_INPUT_PARAMS = (
+    Param("x", "const void*"),
+    Param("x_row_stride", "int64_t"),  # elements
+    Param("rows", "int64_t"),
+    Param("cols", "int64_t"),
+)
+
 FAMILIES = {
     "dequantize": Family(
         name="dequantize",
@@ -114,10 +122,7 @@ FAMILIES = {
         name_prefix="amax",
         axes={"in_dtype": _tokens(tables.DTYPES), "arch": _tokens(tables.ARCHS)},
         params=(
-            Param("x", "const void*"),
-            Param("x_row_stride", "int64_t"),  # elements
-            Param("rows", "int64_t"),
-            Param("cols", "int64_t"),
+            *_INPUT_PARAMS,
             Param("row_amax", "float*"),  # [rows] or null
             Param("col_amax", "float*"),  # [cols] or null
             Param("tensor_amax", "float*"),  # [1] or null
@@ -139,10 +144,7 @@ FAMILIES = {
             "arch": _tokens(tables.ARCHS),
         },
         params=(
-            Param("x", "const void*"),
-            Param("x_row_stride", "int64_t"),  # elements
-            Param("rows", "int64_t"),
-            Param("cols", "int64_t"),
+            *_INPUT_PARAMS,
             Param("row_amax", "const float*"),  # [rows] (row scaling) or [1]
             Param("col_amax", "const float*"),  # [cols] (row scaling) or [1]
             Param("row_data", "uint8_t*"),  # [rows, cols/2], contiguous
@@ -166,10 +168,7 @@ FAMILIES = {
         name_prefix="quantize_row_pass",
         axes={"in_dtype": _tokens(tables.DTYPES), "arch": _tokens(tables.ARCHS)},
         params=(
-            Param("x", "const void*"),
-            Param("x_row_stride", "int64_t"),  # elements
-            Param("rows", "int64_t"),
-            Param("cols", "int64_t"),
+            *_INPUT_PARAMS,
             Param("row_amax", "float*"),  # [rows]
             Param("col_amax", "float*"),  # [cols], or null for no per-column amax (and no workspace)
             Param("row_data", "uint8_t*"),  # [rows, cols/2], contiguous

@@ -1,5 +1,6 @@
 // The quantize pass: x [M, K] -> rowwise NVFP4 (codes [M, K/2], scales [M, K/16]) and/or columnwise NVFP4
-// of x.T (codes [K, M/2], scales [K, M/16]), given the amaxes of the amax pass (spec sections 2-4, 6.2).
+// of x.T (codes [K, M/2], scales [K, M/16]), given the amaxes of the amax pass (or, for the columnwise copy
+// after the row pass, row_pass.cuh's column amaxes) (spec sections 2-4, 6.2).
 //
 // Each warp encodes tiles of 64 columns x 16 * kGroups rows. A lane owns a patch of 16 rows x one 16-byte
 // vector (8 16-bit or 4 fp32 elements); the lanes of a 16-row group cover the tile's 64 contiguous
@@ -33,8 +34,8 @@
 // (reciprocal_rn_in_range instead of __frcp_rn) wherever the global scales of its rows and columns allow
 // it (see rows_special), so that their dependent chains overlap; __frcp_rn's branch had serialized them.
 //
-// The pass is launched as the amax pass's programmatic dependent and waits for it (griddepcontrol.wait)
-// before it reads the amaxes.
+// The pass is launched as the programmatic dependent of the kernel that writes its amaxes (the amax pass, or
+// column_amax_reduce_kernel after the row pass) and waits for it (griddepcontrol.wait) before it reads them.
 #pragma once
 
 #include <algorithm>
@@ -218,8 +219,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // how many of the 16 rows from row0 on lie inside the tensor (so per-row tests are 32-bit)
   auto rows_inside = [&](int64_t row0) { return static_cast<int>(std::max<int64_t>(std::min<int64_t>(rows - row0, 16), 0)); };
 
-  // The amax pass may still be running (quantize_run launches this grid as its programmatic dependent, so
-  // that this grid's launch and set-up overlap that pass's last wave): wait for it and its amaxes here.
+  // The kernel that writes the amaxes may still be running (quantize_run launches this grid as its programmatic
+  // dependent, so that this grid's launch and set-up overlap its last wave): wait for it and its amaxes here.
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   // tensor scaling: one global scale per direction for the whole call
@@ -580,7 +581,7 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
   constexpr int64_t kTileRows = QuantLane<InT>::kTileRows, kUnitCols = kUnitTiles * kQuantTileCols;
   const int64_t units = ((rows + kTileRows * kQuantWarps - 1) / (kTileRows * kQuantWarps)) * ((cols + kUnitCols - 1) / kUnitCols);
   const int64_t grid = std::min<int64_t>(units, static_cast<int64_t>(sms) * std::max(per_sm, 1));
-  // the amax pass's programmatic dependent (the kernel waits for it before it reads the amaxes)
+  // the programmatic dependent of the kernel before it (the kernel waits for it before it reads the amaxes)
   return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
                                        static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
                                        row_data, row_scale, col_data, col_scale);
