@@ -52,6 +52,18 @@ constexpr int kQuantWarps = 4, kQuantThreads = 32 * kQuantWarps, kQuantTileCols 
 // warp. A warp's rowwise codes leave every kCodeStageTiles tiles (64 bytes a row), its rowwise scales at
 // the end of the unit (32 bytes a row).
 constexpr int kUnitTiles = 8, kCodeStageTiles = 2;
+// The row-scaled columnwise-only kernel (the pass after the row pass, row_pass.cuh) has no rowwise stages and
+// takes single tiles instead, dealt to the CTAs in turn in reverse row-major order: its first tiles are the
+// last rows the row pass read, which are still in L2 (about 1% of the pair's time on the H200; see
+// kAfterRowPass in quantize_kernel).
+template <bool kRowwise, bool kColwise, bool kRowScaled>
+constexpr bool quant_after_row_pass() {
+  return kRowScaled && kColwise && !kRowwise;
+}
+template <bool kRowwise, bool kColwise, bool kRowScaled>
+constexpr int quant_unit_tiles() {
+  return quant_after_row_pass<kRowwise, kColwise, kRowScaled>() ? 1 : kUnitTiles;
+}
 constexpr int kCodeStageBytes = kCodeStageTiles * kQuantTileCols / 2, kScaleStageBytes = kUnitTiles * kQuantTileCols / 16;
 // A lane holds its patch in 64 registers; at most 128 per thread gives 4 CTAs, 16 warps, per SM.
 constexpr int kQuantMinCtasPerSm = 4;
@@ -148,27 +160,48 @@ __device__ __forceinline__ void patch_block_amax(const uint4 (&patch)[16], int q
 
 // 16 bytes of the input (read-only during the kernel), read once: not kept in L1 (L1::no_allocate), where
 // the kernel's register spills live; a streamed input evicted them, and each reload waited for L2.
+// kEvictFirst: also first out of L2 (an evict_first cache policy), so that the lines the row pass left there
+// stay until this kernel reads them.
+template <bool kEvictFirst>
 __device__ __forceinline__ uint4 load_streaming(const void* src) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(src));
+  if constexpr (kEvictFirst) {
+    asm("{\n .reg .b64 policy;\n createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
+        " ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], policy;\n}"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(src));
+  } else {
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(src));
+  }
   return v;
 }
 
+// An output store; kStreaming: .cs (evict first), for outputs that should not displace the input in L2.
+template <bool kStreaming, class V>
+__device__ __forceinline__ void store_output(V* dst, V value) {
+  if constexpr (kStreaming) {
+    __stcs(dst, value);
+  } else {
+    *dst = value;
+  }
+}
+
 // The first n of kBytes (8 or 16) staged bytes to global memory: one vector store where whole and aligned.
-template <int kBytes>
+template <int kBytes, bool kStreaming = false>
 __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, int n) {
   using Vector = std::conditional_t<kBytes == 16, uint4, uint2>;
   static_assert(kBytes == 16 || kBytes == 8, "8- or 16-byte pieces");
   if (n == kBytes && aligned(dst, kBytes)) {
-    *reinterpret_cast<Vector*>(dst) = *reinterpret_cast<const Vector*>(src);
+    store_output<kStreaming>(reinterpret_cast<Vector*>(dst), *reinterpret_cast<const Vector*>(src));
   } else {
-    for (int b = 0; b < n; ++b) dst[b] = src[b];
+    for (int b = 0; b < n; ++b) store_output<kStreaming>(dst + b, src[b]);
   }
 }
 
-// Persistent CTAs, each over a contiguous run of units (see kUnitTiles) in row-major order.
+// Persistent CTAs, each over a contiguous run of units (see kUnitTiles) in row-major order; after the row pass,
+// single tiles dealt in turn, in reverse (quant_after_row_pass).
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt>
 __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     quantize_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
@@ -184,6 +217,10 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // __frcp_rn on the GPU; sm_100a, which cannot be run here, keeps __frcp_rn.
   constexpr bool kBranchFreeScales = !kHardwareCvt;
   constexpr int kMinSubnormalExponent = Element<InT>::kMinSubnormalExponent;
+  // After the row pass (quant_after_row_pass): x's last rows are in L2. Reading the tiles backwards finds them
+  // there, and loads and stores that leave L2 first keep them there until they are read.
+  constexpr bool kAfterRowPass = quant_after_row_pass<kRowwise, kColwise, kRowScaled>();
+  constexpr int kThisUnitTiles = quant_unit_tiles<kRowwise, kColwise, kRowScaled>();
   // Each warp's rowwise outputs: its tile row's codes of kCodeStageTiles consecutive tiles and its scales
   // of the unit's kUnitTiles tiles.
   __shared__ __align__(16) uint8_t row_code_stage[kRowwise ? kQuantWarps : 1][L::kTileRows][kCodeStageBytes];
@@ -207,12 +244,14 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   const int kc = lane % L::kLanesK, group = lane / L::kLanesK, q = lane % kBlockLanes;
   const int block = kc / kBlockLanes;  // the lane's rowwise block within the tile
   const int tiles_k = static_cast<int>((cols + kQuantTileCols - 1) / kQuantTileCols);
-  const int units_k = (tiles_k + kUnitTiles - 1) / kUnitTiles;
+  const int units_k = (tiles_k + kThisUnitTiles - 1) / kThisUnitTiles;
   const int tiles_m = static_cast<int>((rows + L::kTileRows - 1) / L::kTileRows);
   const int n_units = (tiles_m + kQuantWarps - 1) / kQuantWarps * units_k;
   const int ctas = gridDim.x, cta = blockIdx.x;
   const int per_cta = n_units / ctas, extra = n_units % ctas;
-  const int first_unit = cta * per_cta + min(cta, extra), end_unit = first_unit + per_cta + (cta < extra ? 1 : 0);
+  const int first_unit = kAfterRowPass ? cta : cta * per_cta + min(cta, extra);
+  const int end_unit = kAfterRowPass ? n_units : first_unit + per_cta + (cta < extra ? 1 : 0);
+  const int unit_step = kAfterRowPass ? ctas : 1;
   const int64_t row_data_pitch = cols / 2, row_scale_pitch = cols / 16;
   const int64_t col_data_pitch = rows / 2, col_scale_pitch = rows / 16;
 
@@ -315,9 +354,10 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 
   // The CTA's units in turn, its warps in step: a unit is kUnitTiles consecutive tiles (the last of a row
   // may have fewer) of kQuantWarps consecutive tile rows, one per warp.
-  auto unit_tm = [&](int unit) { return unit / units_k * kQuantWarps + warp; };
-  auto unit_first_tk = [&](int unit) { return unit % units_k * kUnitTiles; };
-  auto unit_end_tk = [&](int unit) { return std::min(unit_first_tk(unit) + kUnitTiles, tiles_k); };
+  auto unit_index = [&](int unit) { return kAfterRowPass ? n_units - 1 - unit : unit; };  // row-major
+  auto unit_tm = [&](int unit) { return unit_index(unit) / units_k * kQuantWarps + warp; };
+  auto unit_first_tk = [&](int unit) { return unit_index(unit) % units_k * kThisUnitTiles; };
+  auto unit_end_tk = [&](int unit) { return std::min(unit_first_tk(unit) + kThisUnitTiles, tiles_k); };
   int unit = first_unit, tm = unit_tm(unit), tk = unit_first_tk(unit);
 
   // A lane's patch: rows [first, first + 8) of its 16 rows of tile (tm, tk) into dst[0..8), straight into
@@ -339,11 +379,11 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     const InT* src = source.first_row + first * x_row_stride;
     if (first + 8 <= source.rows) {  // the common case, with no per-row tests or zeros
 #pragma unroll
-      for (int i = 0; i < 8; ++i) dst[i] = load_streaming(src + i * x_row_stride);
+      for (int i = 0; i < 8; ++i) dst[i] = load_streaming<kAfterRowPass>(src + i * x_row_stride);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        dst[i] = first + i < source.rows ? load_streaming(src + i * x_row_stride) : make_uint4(0, 0, 0, 0);
+        dst[i] = first + i < source.rows ? load_streaming<kAfterRowPass>(src + i * x_row_stride) : make_uint4(0, 0, 0, 0);
     }
   };
   if (first_unit < end_unit) {
@@ -354,7 +394,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   while (unit < end_unit) {
     const int64_t m0 = int64_t{tm} * L::kTileRows, k0 = int64_t{tk} * kQuantTileCols;
     const bool unit_ends = tk + 1 == unit_end_tk(unit);
-    const int next_unit = unit_ends ? unit + 1 : unit;
+    const int next_unit = unit_ends ? unit + unit_step : unit;
     const int next_tm = unit_ends ? unit_tm(next_unit) : tm, next_tk = unit_ends ? unit_first_tk(next_unit) : tk + 1;
     const bool has_next = next_unit < end_unit;
     const PatchSource next_source = patch_source(next_tm, next_tk);  // read only if has_next
@@ -505,15 +545,15 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 #pragma unroll
         for (int k = 0; k < kQuantTileCols / kColsPerPass; ++k) {
           const int col = c + k * kColsPerPass;
-          *reinterpret_cast<uint4*>(d + k * kColsPerPass * col_data_pitch) =
-              *reinterpret_cast<const uint4*>(&col_code_stage[col][col_code_piece(col, piece) * 16]);
+          store_output<kAfterRowPass>(reinterpret_cast<uint4*>(d + k * kColsPerPass * col_data_pitch),
+                                      *reinterpret_cast<const uint4*>(&col_code_stage[col][col_code_piece(col, piece) * 16]));
         }
       } else {
         for (int id = threadIdx.x; id < kQuantTileCols * kColCodePieces; id += kQuantThreads) {
           const int col = id / kColCodePieces, piece = id % kColCodePieces;
           const int64_t offset = cta_m0 / 2 + 16 * piece;
           if (k0 + col < cols && offset < col_data_pitch)
-            store_piece<16>(col_data + (k0 + col) * col_data_pitch + offset,
+            store_piece<16, kAfterRowPass>(col_data + (k0 + col) * col_data_pitch + offset,
                             &col_code_stage[col][col_code_piece(col, piece) * 16],
                             static_cast<int>(std::min<int64_t>(col_data_pitch - offset, 16)));
         }
@@ -522,10 +562,10 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
         const int64_t offset = cta_m0 / 16;
         if (col_scale_vec && k0 + kQuantTileCols <= cols && offset + kColScaleBytes <= col_scale_pitch) {
           using Piece = std::conditional_t<kColScaleBytes == 16, uint4, uint2>;
-          *reinterpret_cast<Piece*>(col_scale + (k0 + col) * col_scale_pitch + offset) =
-              *reinterpret_cast<const Piece*>(&col_scale_stage[col][0]);
+          store_output<kAfterRowPass>(reinterpret_cast<Piece*>(col_scale + (k0 + col) * col_scale_pitch + offset),
+                                      *reinterpret_cast<const Piece*>(&col_scale_stage[col][0]));
         } else if (k0 + col < cols && offset < col_scale_pitch) {
-          store_piece<kColScaleBytes>(col_scale + (k0 + col) * col_scale_pitch + offset, &col_scale_stage[col][0],
+          store_piece<kColScaleBytes, kAfterRowPass>(col_scale + (k0 + col) * col_scale_pitch + offset, &col_scale_stage[col][0],
                                       static_cast<int>(std::min<int64_t>(col_scale_pitch - offset, kColScaleBytes)));
         }
       }
@@ -578,7 +618,8 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kQuantThreads, 0) != cudaSuccess)
     return launch_status();
-  constexpr int64_t kTileRows = QuantLane<InT>::kTileRows, kUnitCols = kUnitTiles * kQuantTileCols;
+  constexpr int64_t kTileRows = QuantLane<InT>::kTileRows;
+  constexpr int64_t kUnitCols = quant_unit_tiles<kRowwise, kColwise, kRowScaled>() * kQuantTileCols;
   const int64_t units = ((rows + kTileRows * kQuantWarps - 1) / (kTileRows * kQuantWarps)) * ((cols + kUnitCols - 1) / kUnitCols);
   const int64_t grid = std::min<int64_t>(units, static_cast<int64_t>(sms) * std::max(per_sm, 1));
   // the programmatic dependent of the kernel before it (the kernel waits for it before it reads the amaxes)

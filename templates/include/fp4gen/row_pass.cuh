@@ -73,9 +73,6 @@ __global__ void __launch_bounds__(kRowPassThreads)
   if (columns)
     for (int i = threadIdx.x; i < column_slots; i += kRowPassThreads) column_max[i] = make_uint4(0, 0, 0, 0);
   const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
-  const int64_t per_cta = panels / gridDim.x, extra = panels % gridDim.x;
-  const int64_t first_panel = blockIdx.x * per_cta + std::min<int64_t>(blockIdx.x, extra);
-  const int64_t end_panel = first_panel + per_cta + (blockIdx.x < extra ? 1 : 0);
   const int64_t data_pitch = cols / 2, scale_pitch = cols / 16;
   __syncthreads();
 
@@ -87,7 +84,9 @@ __global__ void __launch_bounds__(kRowPassThreads)
          c += int64_t{gridDim.x} * kRowPassThreads)
       col_amax[c] = 0.0f;
 
-  for (int64_t panel = first_panel; panel < end_panel; ++panel) {
+  // Panels are dealt to the CTAs in turn, so the grid moves down x together and the last rows read are the
+  // bottom ones, which the columnwise pass reads first from L2 (quant_after_row_pass in quantize.cuh).
+  for (int64_t panel = blockIdx.x; panel < panels; panel += gridDim.x) {
     const int64_t r0 = panel * kPanelRows;
     const int panel_rows = static_cast<int>(std::min<int64_t>(rows - r0, kPanelRows));
     const InT* lane_x = x + r0 * x_row_stride + lane * 16;  // block `lane` of chunk 0, row 0 of the panel
@@ -164,7 +163,8 @@ __global__ void __launch_bounds__(kRowPassThreads)
     // read back before the next panel's first barrier, after which panel_global may change
 
     // Phase B: read the panel again and encode it. A step is one chunk of every row of the panel: its block
-    // scales first (no branch between them), then one vote for the fast encode of all of them.
+    // scales first (no branch between them), then one vote for the fast encode of all of them. Codes and scales
+    // leave with .cs stores (first out of L2), which keeps more of x there for the columnwise pass.
     uint8_t* lane_data = row_data + r0 * data_pitch + lane * 8;
     uint8_t* lane_scale = row_scale + r0 * scale_pitch + lane;
     for (int chunk = warp; chunk < chunks; chunk += kRowPassWarps) {
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kRowPassThreads)
           if constexpr (kFastEncode && kInRange)
             fast_ok = fast_ok & fast_encode_ok<E::kMinSubnormalExponent>(block_amax, enc.inverse);
           if (inside && p < panel_rows)
-            lane_scale[p * scale_pitch + int64_t{chunk} * 32] = static_cast<uint8_t>(enc.scale_byte);
+            __stcs(lane_scale + p * scale_pitch + int64_t{chunk} * 32, static_cast<uint8_t>(enc.scale_byte));
         }
         auto encode = [&](auto fast) {
 #pragma unroll
@@ -216,8 +216,8 @@ __global__ void __launch_bounds__(kRowPassThreads)
               }
             }
             if (inside && p < panel_rows)
-              *reinterpret_cast<uint2*>(lane_data + p * data_pitch + int64_t{chunk} * (kRowPassChunk / 2)) =
-                  make_uint2(codes[0], codes[1]);
+              __stcs(reinterpret_cast<uint2*>(lane_data + p * data_pitch + int64_t{chunk} * (kRowPassChunk / 2)),
+                     make_uint2(codes[0], codes[1]));
           }
         };
         if constexpr (kFastEncode && kInRange) {
