@@ -55,7 +55,8 @@ constexpr int kUnitTiles = 8, kCodeStageTiles = 2;
 // The row-scaled columnwise-only kernel (the pass after the row pass, row_pass.cuh) has no rowwise stages and
 // takes single tiles instead, dealt to the CTAs in turn in reverse row-major order: its first tiles are the
 // last rows the row pass read, which are still in L2 (about 1% of the pair's time on the H200; see
-// kAfterRowPass in quantize_kernel).
+// kAfterRowPass in quantize_kernel). The same kernel also follows the amax pass (row scaling with no rowwise
+// copy), where the order gains nothing.
 template <bool kRowwise, bool kColwise, bool kRowScaled>
 constexpr bool quant_after_row_pass() {
   return kRowScaled && kColwise && !kRowwise;
@@ -352,7 +353,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     __syncwarp();
   };
 
-  // The CTA's units in turn, its warps in step: a unit is kUnitTiles consecutive tiles (the last of a row
+  // The CTA's units in turn, its warps in step: a unit is kThisUnitTiles consecutive tiles (the last of a row
   // may have fewer) of kQuantWarps consecutive tile rows, one per warp.
   auto unit_index = [&](int unit) { return kAfterRowPass ? n_units - 1 - unit : unit; };  // row-major
   auto unit_tm = [&](int unit) { return unit_index(unit) / units_k * kQuantWarps + warp; };
@@ -383,7 +384,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        dst[i] = first + i < source.rows ? load_streaming<kAfterRowPass>(src + i * x_row_stride) : make_uint4(0, 0, 0, 0);
+        dst[i] = first + i < source.rows ? load_streaming<kAfterRowPass>(src + i * x_row_stride)
+                                         : make_uint4(0, 0, 0, 0);
     }
   };
   if (first_unit < end_unit) {
@@ -545,8 +547,9 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 #pragma unroll
         for (int k = 0; k < kQuantTileCols / kColsPerPass; ++k) {
           const int col = c + k * kColsPerPass;
+          const uint8_t* piece_bytes = &col_code_stage[col][col_code_piece(col, piece) * 16];
           store_output<kAfterRowPass>(reinterpret_cast<uint4*>(d + k * kColsPerPass * col_data_pitch),
-                                      *reinterpret_cast<const uint4*>(&col_code_stage[col][col_code_piece(col, piece) * 16]));
+                                      *reinterpret_cast<const uint4*>(piece_bytes));
         }
       } else {
         for (int id = threadIdx.x; id < kQuantTileCols * kColCodePieces; id += kQuantThreads) {
@@ -554,8 +557,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
           const int64_t offset = cta_m0 / 2 + 16 * piece;
           if (k0 + col < cols && offset < col_data_pitch)
             store_piece<16, kAfterRowPass>(col_data + (k0 + col) * col_data_pitch + offset,
-                            &col_code_stage[col][col_code_piece(col, piece) * 16],
-                            static_cast<int>(std::min<int64_t>(col_data_pitch - offset, 16)));
+                                           &col_code_stage[col][col_code_piece(col, piece) * 16],
+                                           static_cast<int>(std::min<int64_t>(col_data_pitch - offset, 16)));
         }
       }
       for (int col = threadIdx.x; col < kQuantTileCols; col += kQuantThreads) {
@@ -565,8 +568,9 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
           store_output<kAfterRowPass>(reinterpret_cast<Piece*>(col_scale + (k0 + col) * col_scale_pitch + offset),
                                       *reinterpret_cast<const Piece*>(&col_scale_stage[col][0]));
         } else if (k0 + col < cols && offset < col_scale_pitch) {
-          store_piece<kColScaleBytes, kAfterRowPass>(col_scale + (k0 + col) * col_scale_pitch + offset, &col_scale_stage[col][0],
-                                      static_cast<int>(std::min<int64_t>(col_scale_pitch - offset, kColScaleBytes)));
+          store_piece<kColScaleBytes, kAfterRowPass>(
+              col_scale + (k0 + col) * col_scale_pitch + offset, &col_scale_stage[col][0],
+              static_cast<int>(std::min<int64_t>(col_scale_pitch - offset, kColScaleBytes)));
         }
       }
       __syncthreads();  // the stages may be refilled

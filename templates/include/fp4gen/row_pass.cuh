@@ -5,10 +5,10 @@
 // column's, and each spans the whole tensor, so x is read twice. The one-pass quantize kernel (quantize.cuh)
 // encodes both directions in the second read and is bound by instruction issue, while the amax pass before it
 // is bound by DRAM and leaves the SMs idle. Here the rowwise encode moves into the first read: a CTA takes a
-// panel of kRowPassPanelRows whole rows, reads it once for the rows' amaxes (phase A), and reads it again to
-// encode it (phase B), which finds it in L1 or L2 (a panel of 8192 bf16 columns is 32 KB; four CTAs per SM
-// hold 128 KB of panels). The columnwise copy is then the quantize family's columnwise-only kernel, whose read
-// is the second one from DRAM.
+// panel of kRowPassPanelRows whole rows (panels are dealt to the CTAs in turn), reads it once for the rows'
+// amaxes (phase A), and reads it again to encode it (phase B), which finds it in L1 or L2 (a panel of 8192
+// bf16 columns is 32 KB; four CTAs per SM hold 128 KB of panels). The columnwise copy is then the quantize
+// family's columnwise-only kernel, whose read is the second one from DRAM.
 //
 // Work split: a warp's chunk is 32 rowwise blocks (512 elements) of a row, and chunks are dealt to the CTA's
 // warps in turn. Lane l holds block l of the chunk, its 16 elements in kLoads 16-byte vectors, so a block's
