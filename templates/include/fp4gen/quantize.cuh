@@ -313,23 +313,23 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 
   // Row scaling: the amaxes of a tile's rows and columns, lane l holding those of rows/columns l and
   // l + 32, are loaded a tile ahead and turned into the warp's shared global scales at the end of the
-  // tile before (the rows' only when the tile row changes), so a tile reads them with no wait.
+  // tile before (only when the tile row / tile column changes), so a tile reads them with no wait.
   constexpr int kRowAmaxPerLane = (L::kTileRows + 31) / 32, kColAmaxPerLane = kQuantTileCols / 32;
   float next_row_amax[kRowAmaxPerLane], next_col_amax[kColAmaxPerLane];
-  auto load_amaxes = [&](int tm, int tk) {
+  auto load_amaxes = [&](int tm, int tk, bool new_tile_col) {
     if constexpr (kRowScaled && kRowwise) {
 #pragma unroll
       for (int k = 0; k < kRowAmaxPerLane; ++k)
         next_row_amax[k] = row_amax[std::min<int64_t>(int64_t{tm} * L::kTileRows + lane + 32 * k, rows - 1)];
     }
-    if constexpr (kRowScaled && kColwise) {
+    if (kRowScaled && kColwise && new_tile_col) {
 #pragma unroll
       for (int k = 0; k < kColAmaxPerLane; ++k)
         next_col_amax[k] = col_amax[std::min<int64_t>(int64_t{tk} * kQuantTileCols + lane + 32 * k, cols - 1)];
     }
   };
 
-  auto publish_global_scales = [&](bool new_tile_row) {
+  auto publish_global_scales = [&](bool new_tile_row, bool new_tile_col) {
     __syncwarp();  // every lane is done reading the previous tile's
     if (kRowwise && new_tile_row) {
       rows_special = false;
@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
           rows_special = rows_special || special(next_row_amax[k], g);
         }
     }
-    if (kColwise) {
+    if (kColwise && new_tile_col) {
       cols_special = false;
 #pragma unroll
       for (int k = 0; k < kColAmaxPerLane; ++k) {
@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     const PatchSource first = patch_source(tm, tk);
     load_patch_rows(patch, first, 0), load_patch_rows(patch + 8, first, 8);
   }
-  if (kRowScaled && first_unit < end_unit) load_amaxes(tm, tk), publish_global_scales(true);
+  if (kRowScaled && first_unit < end_unit) load_amaxes(tm, tk, true), publish_global_scales(true, true);
   while (unit < end_unit) {
     const int64_t m0 = int64_t{tm} * L::kTileRows, k0 = int64_t{tk} * kQuantTileCols;
     const bool unit_ends = tk + 1 == unit_end_tk(unit);
@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     const bool has_next = next_unit < end_unit;
     const PatchSource next_source = patch_source(next_tm, next_tk);  // read only if has_next
     // `patch` holds this tile (its loads were issued during the tile before, see load_patch_rows).
-    if (kRowScaled && has_next) load_amaxes(next_tm, next_tk);
+    if (kRowScaled && has_next) load_amaxes(next_tm, next_tk, next_tk != tk);
     float row_amax_of[kOwnedRows], col_amax_of[kVec];
     patch_block_amax<InT, kRowwise, k2D>(patch, q, row_amax_of, col_amax_of);
 
@@ -585,7 +585,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
         flush_rows(row_scale, row_scale_pitch, int64_t{unit_first_tk(unit)} * (kQuantTileCols / 16),
                    &row_scale_stage[warp][0][0], std::integral_constant<int, kScaleStageBytes>{}, m0, row_scale_vec);
     }
-    if (kRowScaled && has_next) publish_global_scales(next_tm != tm);
+    if (kRowScaled && has_next) publish_global_scales(next_tm != tm, next_tk != tk);
     unit = next_unit, tm = next_tm, tk = next_tk;
   }
 }
@@ -625,7 +625,13 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
   constexpr int64_t kTileRows = QuantLane<InT>::kTileRows;
   constexpr int64_t kUnitCols = quant_unit_tiles<kRowwise, kColwise, kRowScaled>() * kQuantTileCols;
   const int64_t units = ((rows + kTileRows * kQuantWarps - 1) / (kTileRows * kQuantWarps)) * ((cols + kUnitCols - 1) / kUnitCols);
-  const int64_t grid = std::min<int64_t>(units, static_cast<int64_t>(sms) * std::max(per_sm, 1));
+  int64_t grid = std::min<int64_t>(units, static_cast<int64_t>(sms) * std::max(per_sm, 1));
+  if constexpr (quant_after_row_pass<kRowwise, kColwise, kRowScaled>()) {
+    // a multiple of the tile columns, so that each CTA's tiles (dealt in turn) share one tile column and its
+    // columns' global scales are made once (1.5 % of the call on 8192x8192 on the H200)
+    const int64_t tiles_k = (cols + kQuantTileCols - 1) / kQuantTileCols;
+    if (grid >= tiles_k) grid = grid / tiles_k * tiles_k;
+  }
   // the programmatic dependent of the kernel before it (the kernel waits for it before it reads the amaxes)
   return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
                                        static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,

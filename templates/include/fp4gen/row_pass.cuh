@@ -5,15 +5,22 @@
 // column's, and each spans the whole tensor, so x is read twice. The one-pass quantize kernel (quantize.cuh)
 // encodes both directions in the second read and is bound by instruction issue, while the amax pass before it
 // is bound by DRAM and leaves the SMs idle. Here the rowwise encode moves into the first read: a CTA takes a
-// panel of kRowPassPanelRows whole rows (panels are dealt to the CTAs in turn), reads it once for the rows'
-// amaxes (phase A), and reads it again to encode it (phase B), which finds it in L1 or L2 (a panel of 8192
-// bf16 columns is 32 KB; four CTAs per SM hold 128 KB of panels). The columnwise copy is then the quantize
-// family's columnwise-only kernel, whose read is the second one from DRAM.
+// panel of kRowPassPanelRows whole rows (panels are dealt to the CTAs in turn), reads it for the rows'
+// amaxes (phase A), and encodes it (phase B). The columnwise copy is then the quantize family's
+// columnwise-only kernel, whose read is the second one from DRAM.
 //
-// Work split: a warp's chunk is 32 rowwise blocks (512 elements) of a row, and chunks are dealt to the CTA's
-// warps in turn. Lane l holds block l of the chunk, its 16 elements in kLoads 16-byte vectors, so a block's
-// amax, scale and codes need no other lane; a lane stores 8 bytes of codes (a warp, 256 contiguous bytes)
-// and one scale byte.
+// Work split: a warp's chunk is 32 rowwise blocks (512 elements) of each row of the panel, and chunks are
+// dealt to the CTA's warps in turn. Lane l holds block l of the chunk, its 16 elements in kLoads 16-byte
+// vectors, so a block's amax, scale and codes need no other lane; a lane stores 8 bytes of codes (a warp, 256
+// contiguous bytes) and one scale byte.
+//
+// Where the CTA's lanes can hold the whole panel in registers (16-bit rows of up to 8192 elements: a lane
+// holds RowPassLayout::kHeldChunks = 2 chunks, 8 vectors), phase A issues all of a warp's loads at once and
+// phase B encodes from registers. The row pass waits on DRAM: twice the loads in flight per warp, and no
+// re-read in phase B, took 6 us off 8192x8192 on the H200 (bench/RESULTS.md, session 8). Rows of up to 4096
+// elements take 4 warps a CTA (8 CTAs per SM), so that each warp still holds 2 chunks. Wider rows, and fp32
+// rows, take 8 warps and rounds of kHeldChunks chunks a warp, and phase B reads each round again (from L1 or
+// L2: a panel is at most 64 KB).
 //
 // Column amaxes: a CTA keeps running maxima of its columns over all its panels in shared memory, laid out
 // like the phase-B loads ([chunk][vector][lane], packed like the input) so that each slot belongs to the one
@@ -35,43 +42,77 @@
 
 namespace fp4gen {
 
-// 8 warps and 2 rows per panel: the best of the shapes tried on the H200 (4-16 warps, 2-8 rows; bench/RESULTS.md).
-constexpr int kRowPassWarps = 8, kRowPassThreads = 32 * kRowPassWarps, kRowPassPanelRows = 2;
+constexpr int kRowPassPanelRows = 2;
+constexpr int kRowPassWarpsPerSM = 32;  // 64 registers a thread
 constexpr int kRowPassChunk = 32 * 16;  // elements of a row that a warp takes at a time: 32 blocks
+constexpr int kRowPassHeldVectors = 8;  // 16-byte vectors a lane keeps from phase A to phase B (32 registers)
 constexpr int kColumnReduceSplits = 8;  // CTAs over the partials of one column group
 
 template <class InT>
 struct RowPassLayout {
   static constexpr int kVec = Element<InT>::kPerVector;  // elements per 16-byte vector
   static constexpr int kLoads = 16 / kVec;               // vectors per block: 2 (16-bit) or 4 (fp32)
+  // chunks of a panel that a lane holds in registers: 2 (16-bit) or 1 (fp32)
+  static constexpr int kHeldChunks = kRowPassHeldVectors / (kRowPassPanelRows * kLoads);
+  static_assert(kHeldChunks >= 1, "a lane holds at least one chunk of the panel");
   // bytes of shared memory (and of each CTA's workspace slice) for the column maxima of `cols` columns
   static int64_t column_bytes(int64_t cols) {
     return (cols + kRowPassChunk - 1) / kRowPassChunk * kRowPassChunk * static_cast<int64_t>(sizeof(InT));
   }
 };
 
-template <class InT, bool kHardwareCvt>
-__global__ void __launch_bounds__(kRowPassThreads)
+// The CTA shape for rows of `cols` elements: whether the CTA's lanes hold the whole row (kHeldChunks chunks
+// each; 16-bit inputs only: with fp32 that spills at 64 registers), and its warps: 4 where they hold the
+// row, else 8. Four warps at 8 CTAs per SM keep as many loads in flight as 8 at 4 on rows half as wide.
+struct RowPassShape {
+  int warps;
+  bool whole_row;
+};
+template <class InT>
+RowPassShape row_pass_shape(int64_t cols) {
+  const int64_t chunks = (cols + kRowPassChunk - 1) / kRowPassChunk;
+  constexpr int64_t kPerWarp = RowPassLayout<InT>::kHeldChunks;
+  if (sizeof(InT) == 4) return {8, false};
+  if (chunks <= 4 * kPerWarp) return {4, true};
+  return {8, chunks <= 8 * kPerWarp};
+}
+
+// Calls f(warps, whole_row) with row_pass_shape(cols) as std::integral_constants.
+template <class InT, class F>
+auto with_row_pass_shape(int64_t cols, F&& f) {
+  if constexpr (sizeof(InT) == 2) {
+    const RowPassShape shape = row_pass_shape<InT>(cols);
+    if (shape.warps == 4) return f(std::integral_constant<int, 4>{}, std::true_type{});
+    if (shape.whole_row) return f(std::integral_constant<int, 8>{}, std::true_type{});
+  }
+  return f(std::integral_constant<int, 8>{}, std::false_type{});
+}
+
+template <class InT, bool kHardwareCvt, int kWarps, bool kWholeRow>
+__global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
     row_pass_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
                     float* __restrict__ row_amax, float* __restrict__ col_amax, uint4* __restrict__ col_partial,
                     uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale) {
   using E = Element<InT>;
   using Layout = RowPassLayout<InT>;
   constexpr int kVec = Layout::kVec, kLoads = Layout::kLoads, kPanelRows = kRowPassPanelRows;
+  constexpr int kThreads = 32 * kWarps, kHeld = Layout::kHeldChunks;
   constexpr int kPerWord = 4 / static_cast<int>(sizeof(InT));
   constexpr bool kFastEncode = !kHardwareCvt && sizeof(InT) == 2;  // as in quantize.cuh
   constexpr bool kBranchFreeScales = !kHardwareCvt;
   extern __shared__ __align__(16) uint4 column_max[];  // [chunk][vector][lane]; only when col_amax != nullptr
-  __shared__ uint32_t warp_row_max[kRowPassWarps][kPanelRows];
+  __shared__ uint32_t warp_row_max[kWarps][kPanelRows];
   __shared__ GlobalScale panel_global[kPanelRows];
   __shared__ bool panel_special[kPanelRows];
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const bool columns = col_amax != nullptr;
   const int chunks = static_cast<int>((cols + kRowPassChunk - 1) / kRowPassChunk);
+  // rounds of kHeld chunks a warp; chunk h of round k is warp + (k * kHeld + h) * kWarps
+  const int rounds = kWholeRow ? 1 : (chunks + kHeld * kWarps - 1) / (kHeld * kWarps);
   const int column_slots = chunks * kLoads * 32;
   if (columns)
-    for (int i = threadIdx.x; i < column_slots; i += kRowPassThreads) column_max[i] = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < column_slots; i += kThreads) column_max[i] = make_uint4(0, 0, 0, 0);
   const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
   const int64_t data_pitch = cols / 2, scale_pitch = cols / 16;
   __syncthreads();
@@ -80,8 +121,7 @@ __global__ void __launch_bounds__(kRowPassThreads)
   // the outputs): wait for it before touching global memory.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (columns)  // column_amax_reduce_kernel accumulates into col_amax with atomicMax after this grid ends
-    for (int64_t c = int64_t{blockIdx.x} * kRowPassThreads + threadIdx.x; c < cols;
-         c += int64_t{gridDim.x} * kRowPassThreads)
+    for (int64_t c = int64_t{blockIdx.x} * kThreads + threadIdx.x; c < cols; c += int64_t{gridDim.x} * kThreads)
       col_amax[c] = 0.0f;
 
   // Panels are dealt to the CTAs in turn, so the grid moves down x together and the last rows read are the
@@ -103,13 +143,18 @@ __global__ void __launch_bounds__(kRowPassThreads)
                                              : make_uint4(0, 0, 0, 0);
     };
 
+    // the warp's chunks of round k, loaded together (chunks past the row read as zeros)
+    uint4 held[kHeld][kPanelRows][kLoads];
+    auto load_round = [&](int k) {
+#pragma unroll
+      for (int h = 0; h < kHeld; ++h) load_block(warp + (k * kHeld + h) * kWarps, held[h]);
+    };
+
     // Phase A: the rows' amaxes (each warp's share, then across warps) and the columns' running maxima.
     uint32_t row_max[kPanelRows];  // packed like the input
 #pragma unroll
     for (int p = 0; p < kPanelRows; ++p) row_max[p] = 0u;
-    for (int chunk = warp; chunk < chunks; chunk += kRowPassWarps) {
-      uint4 v[kPanelRows][kLoads];
-      load_block(chunk, v);
+    auto accumulate_maxima = [&](int chunk, const uint4 (&v)[kPanelRows][kLoads]) {
 #pragma unroll
       for (int p = 0; p < kPanelRows; ++p)
 #pragma unroll
@@ -132,6 +177,14 @@ __global__ void __launch_bounds__(kRowPassThreads)
           slot = col;
         }
       }
+    };
+    for (int k = 0; k < rounds; ++k) {
+      load_round(k);
+#pragma unroll
+      for (int h = 0; h < kHeld; ++h) {
+        const int chunk = warp + (k * kHeld + h) * kWarps;
+        if (chunk < chunks) accumulate_maxima(chunk, held[h]);
+      }
     }
 #pragma unroll
     for (int p = 0; p < kPanelRows; ++p) {
@@ -147,7 +200,7 @@ __global__ void __launch_bounds__(kRowPassThreads)
       const int p = threadIdx.x;
       uint32_t m = 0;
 #pragma unroll
-      for (int w = 0; w < kRowPassWarps; ++w) m = max(m, warp_row_max[w][p]);
+      for (int w = 0; w < kWarps; ++w) m = max(m, warp_row_max[w][p]);
       const float amax = __uint_as_float(E::abs_bits_as_float_bits(m));
       const GlobalScale g = global_scale(amax);
       panel_global[p] = g;
@@ -162,14 +215,13 @@ __global__ void __launch_bounds__(kRowPassThreads)
     for (int p = 0; p < kPanelRows; ++p) g[p] = panel_global[p], special = special || panel_special[p];
     // read back before the next panel's first barrier, after which panel_global may change
 
-    // Phase B: read the panel again and encode it. A step is one chunk of every row of the panel: its block
-    // scales first (no branch between them), then one vote for the fast encode of all of them. Codes and scales
-    // leave with .cs stores (first out of L2), which keeps more of x there for the columnwise pass.
+    // Phase B: encode the panel (from registers where they hold the whole row). A step is one chunk of every
+    // row of the panel: its block scales first (no branch between them), then one vote for the fast encode of
+    // all of them. Codes and scales leave with .cs stores (first out of L2), which keeps more of x
+    // there for the columnwise pass.
     uint8_t* lane_data = row_data + r0 * data_pitch + lane * 8;
     uint8_t* lane_scale = row_scale + r0 * scale_pitch + lane;
-    for (int chunk = warp; chunk < chunks; chunk += kRowPassWarps) {
-      uint4 v[kPanelRows][kLoads];
-      load_block(chunk, v);
+    auto encode_chunk = [&](int chunk, const uint4 (&v)[kPanelRows][kLoads]) {
       const bool inside = int64_t{chunk} * kRowPassChunk + lane * 16 < cols;
       auto encode_step = [&](auto in_range) {
         constexpr bool kInRange = decltype(in_range)::value;
@@ -238,13 +290,21 @@ __global__ void __launch_bounds__(kRowPassThreads)
       } else {
         encode_step(std::false_type{});
       }
+    };
+    for (int k = 0; k < rounds; ++k) {
+      if (!kWholeRow) load_round(k);  // read again: holding a round across the barriers costs registers
+#pragma unroll
+      for (int h = 0; h < kHeld; ++h) {
+        const int chunk = warp + (k * kHeld + h) * kWarps;
+        if (chunk < chunks) encode_chunk(chunk, held[h]);
+      }
     }
   }
 
   if (columns) {
     __syncthreads();
     uint4* partial = col_partial + int64_t{blockIdx.x} * column_slots;
-    for (int i = threadIdx.x; i < column_slots; i += kRowPassThreads) partial[i] = column_max[i];
+    for (int i = threadIdx.x; i < column_slots; i += kThreads) partial[i] = column_max[i];
   }
   // The next kernel (column_amax_reduce_kernel or the columnwise pass) may launch; it waits for this grid.
   asm volatile("griddepcontrol.launch_dependents;");
@@ -292,9 +352,9 @@ __global__ void __launch_bounds__(1024)
 }
 
 // The row pass's grid: CTAs that fit on the GPU at once, at most one per panel. 0 on a CUDA error.
-template <class InT, bool kHardwareCvt>
+template <class InT, bool kHardwareCvt, int kWarps, bool kWholeRow>
 int64_t row_pass_grid(int64_t rows, int64_t cols, bool columns, size_t* shared_bytes) {
-  auto kernel = row_pass_kernel<InT, kHardwareCvt>;
+  auto kernel = row_pass_kernel<InT, kHardwareCvt, kWarps, kWholeRow>;
   *shared_bytes = columns ? static_cast<size_t>(RowPassLayout<InT>::column_bytes(cols)) : 0;
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -306,7 +366,7 @@ int64_t row_pass_grid(int64_t rows, int64_t cols, bool columns, size_t* shared_b
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(*shared_bytes)) !=
           cudaSuccess)
     return 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRowPassThreads, *shared_bytes) != cudaSuccess)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kWarps, *shared_bytes) != cudaSuccess)
     return 0;
   const int64_t panels = (rows + kRowPassPanelRows - 1) / kRowPassPanelRows;
   return std::max<int64_t>(1, std::min<int64_t>(panels, static_cast<int64_t>(sms) * std::max(per_sm, 1)));
@@ -337,7 +397,9 @@ size_t row_pass_workspace_size(const void* x, int64_t x_row_stride, int64_t rows
   (void)x, (void)x_row_stride, (void)row_amax, (void)row_data, (void)row_scale, (void)workspace;
   if (col_amax == nullptr || rows <= 0 || cols <= 0) return 0;
   size_t shared_bytes = 0;
-  const int64_t grid = row_pass_grid<InT, kHardwareCvt>(rows, cols, true, &shared_bytes);
+  const int64_t grid = with_row_pass_shape<InT>(cols, [&](auto warps, auto whole_row) {
+    return row_pass_grid<InT, kHardwareCvt, warps(), whole_row()>(rows, cols, true, &shared_bytes);
+  });
   return static_cast<size_t>(grid) * shared_bytes;
 }
 
@@ -351,12 +413,15 @@ int row_pass_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
   const bool columns = col_amax != nullptr;
   if (columns && (workspace == nullptr || !aligned(workspace, 16))) return kInvalidProblem;
   size_t shared_bytes = 0;
-  const int64_t grid = row_pass_grid<InT, kHardwareCvt>(rows, cols, columns, &shared_bytes);
-  if (grid == 0) return launch_status();
-  const int launched = launch_programmatic_dependent(
-      row_pass_kernel<InT, kHardwareCvt>, dim3(static_cast<unsigned>(grid)), dim3(kRowPassThreads), shared_bytes,
-      stream, static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax, static_cast<uint4*>(workspace),
-      row_data, row_scale);
+  int64_t grid = 0;
+  const int launched = with_row_pass_shape<InT>(cols, [&](auto warps, auto whole_row) {
+    grid = row_pass_grid<InT, kHardwareCvt, warps(), whole_row()>(rows, cols, columns, &shared_bytes);
+    if (grid == 0) return launch_status();
+    return launch_programmatic_dependent(
+        row_pass_kernel<InT, kHardwareCvt, warps(), whole_row()>, dim3(static_cast<unsigned>(grid)), dim3(32 * warps()),
+        shared_bytes, stream, static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
+        static_cast<uint4*>(workspace), row_data, row_scale);
+  });
   if (launched != kOk || !columns) return launched;
   const int slots = static_cast<int>(shared_bytes / sizeof(uint4));
   return launch_programmatic_dependent(column_amax_reduce_kernel<InT>,
