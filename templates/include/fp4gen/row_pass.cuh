@@ -17,8 +17,9 @@
 // Where the CTA's lanes can hold the whole panel in registers (16-bit rows of up to 8192 elements: a lane
 // holds RowPassLayout::kHeldChunks = 2 chunks, 8 vectors), phase A issues all of a warp's loads at once and
 // phase B encodes from registers. The row pass waits on DRAM: twice the loads in flight per warp, and no
-// re-read in phase B, took 6 us off 8192x8192 on the H200 (bench/RESULTS.md, session 8). Rows of up to 4096
-// elements take 4 warps a CTA (8 CTAs per SM), so that each warp still holds 2 chunks. Wider rows, and fp32
+// re-read in phase B, took about 6 us off row-scaled 8192x8192 on the H200 (bench/RESULTS.md, session 8).
+// Rows of up to 4096 elements take 4 warps a CTA (8 CTAs per SM), so that each warp still holds 2 chunks
+// (about 10 us off 16384x4096). Wider rows, and fp32
 // rows, take 8 warps and rounds of kHeldChunks chunks a warp, and phase B reads each round again (from L1 or
 // L2: a panel is at most 64 KB).
 //
