@@ -19,9 +19,8 @@
 // phase B encodes from registers. The row pass waits on DRAM: twice the loads in flight per warp, and no
 // re-read in phase B, took about 6 us off row-scaled 8192x8192 on the H200 (bench/RESULTS.md, session 8).
 // Rows of up to 4096 elements take 4 warps a CTA (8 CTAs per SM), so that each warp still holds 2 chunks
-// (about 10 us off 16384x4096). Wider rows, and fp32
-// rows, take 8 warps and rounds of kHeldChunks chunks a warp, and phase B reads each round again (from L1 or
-// L2: a panel is at most 64 KB).
+// (about 10 us off 16384x4096). Wider rows, and fp32 rows, take 8 warps and rounds of kHeldChunks chunks a
+// warp, and phase B reads each round again (from L1 or L2: a panel is at most 64 KB).
 //
 // Column amaxes: a CTA keeps running maxima of its columns over all its panels in shared memory, laid out
 // like the phase-B loads ([chunk][vector][lane], packed like the input) so that each slot belongs to the one
@@ -44,7 +43,7 @@
 namespace fp4gen {
 
 constexpr int kRowPassPanelRows = 2;
-constexpr int kRowPassWarpsPerSM = 32;  // 64 registers a thread
+constexpr int kRowPassWarpsPerSM = 32;  // asked of __launch_bounds__: 64 registers a thread, no spills
 constexpr int kRowPassChunk = 32 * 16;  // elements of a row that a warp takes at a time: 32 blocks
 constexpr int kRowPassHeldVectors = 8;  // 16-byte vectors a lane keeps from phase A to phase B (32 registers)
 constexpr int kColumnReduceSplits = 8;  // CTAs over the partials of one column group
@@ -218,8 +217,8 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
 
     // Phase B: encode the panel (from registers where they hold the whole row). A step is one chunk of every
     // row of the panel: its block scales first (no branch between them), then one vote for the fast encode of
-    // all of them. Codes and scales leave with .cs stores (first out of L2), which keeps more of x
-    // there for the columnwise pass.
+    // all of them. Codes and scales leave with .cs stores (first out of L2), which keeps more of x there for
+    // the columnwise pass.
     uint8_t* lane_data = row_data + r0 * data_pitch + lane * 8;
     uint8_t* lane_scale = row_scale + r0 * scale_pitch + lane;
     auto encode_chunk = [&](int chunk, const uint4 (&v)[kPanelRows][kLoads]) {
