@@ -84,11 +84,12 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, o
 
 
 # Row-scaled quantization with a rowwise copy and 1x16 blocks takes the row pass (quantize_row_pass_*: per-row
-# amax, rowwise copy and per-column amax from one DRAM read of each row panel, which it reads a second time
-# from cache) and then, for a columnwise copy, the columnwise-only quantize kernel, where that beat the amax
-# pass plus the quantize kernel on the H200 (bench/quantize.py --paths, bench/RESULTS.md): with both copies
-# for rows of up to 32 KB (64 and 128 KB rows lost, 0.77-0.90x: we take it that a CTA's panels then no longer
-# stay in L1 for the second read); with the rowwise copy alone for every width measured, up to 128 KB rows.
+# amax, rowwise copy and per-column amax from one DRAM read of each row panel: encoded from registers for
+# 16-bit rows of up to 8192 elements, read a second time from cache otherwise) and then, for a columnwise copy,
+# the columnwise-only quantize kernel, where that beat the amax pass plus the quantize kernel on the H200
+# (bench/quantize.py --paths, bench/RESULTS.md, session 6): with both copies for rows of up to 32 KB (64 and
+# 128 KB rows lost, 0.77-0.90x: we take it that a CTA's panels then no longer stay in L1 for the second read);
+# with the rowwise copy alone for every width measured, up to 128 KB rows.
 # 0 turns the row pass off.
 ROW_PASS_MAX_ROW_BYTES = 32 * 1024
 ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES = 128 * 1024

@@ -61,29 +61,17 @@ struct RowPassLayout {
   }
 };
 
-// The CTA shape for rows of `cols` elements: whether the CTA's lanes hold the whole row (kHeldChunks chunks
-// each; 16-bit inputs only: with fp32 that spills at 64 registers), and its warps: 4 where they hold the
-// row, else 8. Four warps at 8 CTAs per SM keep as many loads in flight as 8 at 4 on rows half as wide.
-struct RowPassShape {
-  int warps;
-  bool whole_row;
-};
-template <class InT>
-RowPassShape row_pass_shape(int64_t cols) {
-  const int64_t chunks = (cols + kRowPassChunk - 1) / kRowPassChunk;
-  constexpr int64_t kPerWarp = RowPassLayout<InT>::kHeldChunks;
-  if (sizeof(InT) == 4) return {8, false};
-  if (chunks <= 4 * kPerWarp) return {4, true};
-  return {8, chunks <= 8 * kPerWarp};
-}
-
-// Calls f(warps, whole_row) with row_pass_shape(cols) as std::integral_constants.
+// Calls f(warps, whole_row), as std::integral_constants, with the CTA shape for rows of `cols` elements:
+// whether the CTA's lanes hold the whole row (kHeldChunks chunks each; 16-bit inputs only: with fp32 that
+// spills at 64 registers), and its warps: 4 where they hold the row, else 8. Four warps at 8 CTAs per SM keep
+// as many loads in flight as 8 at 4 on rows half as wide.
 template <class InT, class F>
 auto with_row_pass_shape(int64_t cols, F&& f) {
   if constexpr (sizeof(InT) == 2) {
-    const RowPassShape shape = row_pass_shape<InT>(cols);
-    if (shape.warps == 4) return f(std::integral_constant<int, 4>{}, std::true_type{});
-    if (shape.whole_row) return f(std::integral_constant<int, 8>{}, std::true_type{});
+    const int64_t chunks = (cols + kRowPassChunk - 1) / kRowPassChunk;
+    constexpr int64_t kPerWarp = RowPassLayout<InT>::kHeldChunks;
+    if (chunks <= 4 * kPerWarp) return f(std::integral_constant<int, 4>{}, std::true_type{});
+    if (chunks <= 8 * kPerWarp) return f(std::integral_constant<int, 8>{}, std::true_type{});
   }
   return f(std::integral_constant<int, 8>{}, std::false_type{});
 }
