@@ -53,10 +53,9 @@ constexpr int kQuantWarps = 4, kQuantThreads = 32 * kQuantWarps, kQuantTileCols 
 // the end of the unit (32 bytes a row).
 constexpr int kUnitTiles = 8, kCodeStageTiles = 2;
 // The row-scaled columnwise-only kernel (the pass after the row pass, row_pass.cuh) has no rowwise stages and
-// takes single tiles instead, dealt to the CTAs in turn in reverse row-major order: its first tiles are the
-// last rows the row pass read, which are still in L2 (about 1% of the pair's time on the H200; see
-// kAfterRowPass in quantize_kernel). The same kernel also follows the amax pass (row scaling with no rowwise
-// copy), where the order gains nothing.
+// takes single tiles instead, dealt to the CTAs in turn in row-major order, with loads and stores that leave
+// L2 first (see kAfterRowPass in quantize_kernel). The same kernel also follows the amax pass (row scaling
+// with no rowwise copy), where that gains nothing.
 template <bool kRowwise, bool kColwise, bool kRowScaled>
 constexpr bool quant_after_row_pass() {
   return kRowScaled && kColwise && !kRowwise;
@@ -202,7 +201,7 @@ __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, in
 }
 
 // Persistent CTAs, each over a contiguous run of units (see kUnitTiles) in row-major order; after the row pass,
-// single tiles dealt in turn, in reverse (quant_after_row_pass).
+// single tiles dealt in turn (quant_after_row_pass).
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt>
 __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     quantize_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
@@ -218,8 +217,10 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // __frcp_rn on the GPU; sm_100a, which cannot be run here, keeps __frcp_rn.
   constexpr bool kBranchFreeScales = !kHardwareCvt;
   constexpr int kMinSubnormalExponent = Element<InT>::kMinSubnormalExponent;
-  // After the row pass (quant_after_row_pass): x's last rows are in L2. Reading the tiles backwards finds them
-  // there, and loads and stores that leave L2 first keep them there until they are read.
+  // After the row pass (quant_after_row_pass): the last rows of x it read are in L2, and loads and stores that
+  // leave L2 first keep them there until this kernel gets to them. (Walking the tiles bottom up, to read those
+  // rows first, found about twice as much of x in L2 but measured about 1 us slower on 8192x8192 on the H200:
+  // bench/RESULTS.md, session 9.)
   constexpr bool kAfterRowPass = quant_after_row_pass<kRowwise, kColwise, kRowScaled>();
   constexpr int kThisUnitTiles = quant_unit_tiles<kRowwise, kColwise, kRowScaled>();
   // Each warp's rowwise outputs: its tile row's codes of kCodeStageTiles consecutive tiles and its scales
@@ -355,9 +356,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 
   // The CTA's units in turn, its warps in step: a unit is kThisUnitTiles consecutive tiles (the last of a row
   // may have fewer) of kQuantWarps consecutive tile rows, one per warp.
-  auto unit_index = [&](int unit) { return kAfterRowPass ? n_units - 1 - unit : unit; };  // row-major
-  auto unit_tm = [&](int unit) { return unit_index(unit) / units_k * kQuantWarps + warp; };
-  auto unit_first_tk = [&](int unit) { return unit_index(unit) % units_k * kThisUnitTiles; };
+  auto unit_tm = [&](int unit) { return unit / units_k * kQuantWarps + warp; };  // row-major
+  auto unit_first_tk = [&](int unit) { return unit % units_k * kThisUnitTiles; };
   auto unit_end_tk = [&](int unit) { return std::min(unit_first_tk(unit) + kThisUnitTiles, tiles_k); };
   int unit = first_unit, tm = unit_tm(unit), tk = unit_first_tk(unit);
 

@@ -25,8 +25,10 @@
 // Column amaxes: a CTA keeps running maxima of its columns over all its panels in shared memory, laid out
 // like the phase-B loads ([chunk][vector][lane], packed like the input) so that each slot belongs to the one
 // warp that reads that chunk: no atomics. At the end each CTA writes them to the workspace and
-// column_amax_reduce_kernel takes the maximum over the CTAs. (Atomics from every CTA straight into col_amax
-// cost 30-60 us on 8192x8192 on the H200: all CTAs end at once and update the same addresses.)
+// column_amax_reduce_kernel takes the maximum over the CTAs, then drops the partials' lines from L2 unwritten
+// (scratch: 8.7 MB on 8192x8192 that would otherwise go to DRAM during the columnwise pass). (Atomics from
+// every CTA straight into col_amax cost 30-60 us on 8192x8192 on the H200: all CTAs end at once and update
+// the same addresses.)
 //
 // Numerics are those of quantize.cuh's rowwise copy: maxima on |x| bit patterns (NaN-propagating row and
 // column amaxes), block amaxes that ignore NaN, encode_block_scale, and on sm_90a the branch-free reciprocal
@@ -112,8 +114,8 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
     for (int64_t c = int64_t{blockIdx.x} * kThreads + threadIdx.x; c < cols; c += int64_t{gridDim.x} * kThreads)
       col_amax[c] = 0.0f;
 
-  // Panels are dealt to the CTAs in turn, so the grid moves down x together and the last rows read are the
-  // bottom ones, which the columnwise pass reads first from L2 (quant_after_row_pass in quantize.cuh).
+  // Panels are dealt to the CTAs in turn, so the grid moves down x together and the last rows read, still in
+  // L2 when the columnwise pass reaches them, are the bottom ones (quant_after_row_pass in quantize.cuh).
   for (int64_t panel = blockIdx.x; panel < panels; panel += gridDim.x) {
     const int64_t r0 = panel * kPanelRows;
     const int panel_rows = static_cast<int>(std::min<int64_t>(rows - r0, kPanelRows));
@@ -321,6 +323,13 @@ __global__ void __launch_bounds__(1024)
     for (int k = blockIdx.y * 32 + warp; k < n_partials; k += 32 * kColumnReduceSplits)
       m = combine(m, col_partial[int64_t{k} * slots + slot]);
   warp_max[warp][lane] = m;
+  // The partials are scratch, dirty in L2: drop the lines this CTA read (each a whole 128-byte line of 8 lanes'
+  // slots, read by this warp, whose values m holds) so that they are not written back. About 1.5 us of
+  // row-scaled 8192x8192 on the H200 (bench/RESULTS.md, session 9). Only where lines cannot straddle the
+  // workspace's ends: a 128-byte aligned workspace (slots is a multiple of 32, so rows are whole lines).
+  if (reinterpret_cast<uintptr_t>(col_partial) % 128 == 0 && lane % 8 == 0 && slot < slots)
+    for (int k = blockIdx.y * 32 + warp; k < n_partials; k += 32 * kColumnReduceSplits)
+      asm volatile("discard.global.L2 [%0], 128;" ::"l"(col_partial + int64_t{k} * slots + slot) : "memory");
   __syncthreads();
   if (warp == 0 && slot < slots) {
 #pragma unroll 4
