@@ -457,9 +457,9 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     auto encode_patch = [&](auto fast) {
       constexpr bool kFast = decltype(fast)::value;
       uint8_t* row_dst = &row_code_stage[warp][16 * group][tk % kCodeStageTiles * (kQuantTileCols / 2) + kc * kVec / 2];
-      // The columnwise-only kernel unrolls the halves (no patch moves between them; still 128 registers, no
-      // spills; 0-0.5 us of row-scaled 8192x8192 / 16384x4096 on the H200, bench/RESULTS.md session 9); the
-      // others keep one loop body.
+      // The columnwise-only kernels unroll the halves (no patch moves between them; still 128 registers, no
+      // spills; 0-0.6 us of row-scaled 8192x8192 / 16384x4096 on the H200, bench/RESULTS.md session 9); the
+      // others, not measured that way, keep one loop body.
 #pragma unroll(kRowwise ? 1 : 2)
       for (int half = 0; half < 2; ++half, row_dst += 8 * kCodeStageBytes) {
         uint32_t col_words[kColwise ? kVec : 1], col_signs[kColwise && kFast ? kVec : 1];

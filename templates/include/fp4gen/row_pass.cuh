@@ -323,10 +323,11 @@ __global__ void __launch_bounds__(1024)
     for (int k = blockIdx.y * 32 + warp; k < n_partials; k += 32 * kColumnReduceSplits)
       m = combine(m, col_partial[int64_t{k} * slots + slot]);
   warp_max[warp][lane] = m;
-  // The partials are scratch, dirty in L2: drop the lines this CTA read (each a whole 128-byte line of 8 lanes'
-  // slots, read by this warp, whose values m holds) so that they are not written back. About 1.5 us of
-  // row-scaled 8192x8192 on the H200 (bench/RESULTS.md, session 9). Only where lines cannot straddle the
-  // workspace's ends: a 128-byte aligned workspace (slots is a multiple of 32, so rows are whole lines).
+  // The partials are scratch, dirty in L2: drop the lines this CTA read so that they are not written back
+  // (1-1.5 us of row-scaled 8192x8192 on the H200, bench/RESULTS.md session 9). Each line is 8 lanes' slots
+  // of one k, all read by this warp, and their loads are complete (m, which holds them, has been stored).
+  // Only with a 128-byte aligned workspace, where no line reaches past its ends (slots is a multiple of 32,
+  // so each k's slots are whole lines).
   if (reinterpret_cast<uintptr_t>(col_partial) % 128 == 0 && lane % 8 == 0 && slot < slots)
     for (int k = blockIdx.y * 32 + warp; k < n_partials; k += 32 * kColumnReduceSplits)
       asm volatile("discard.global.L2 [%0], 128;" ::"l"(col_partial + int64_t{k} * slots + slot) : "memory");
