@@ -631,7 +631,8 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
   int64_t grid = std::min<int64_t>(units, static_cast<int64_t>(sms) * std::max(per_sm, 1));
   if constexpr (quant_after_row_pass<kRowwise, kColwise, kRowScaled>()) {
     // a multiple of the tile columns, so that each CTA's tiles (dealt in turn) share one tile column and its
-    // columns' global scales are made once (about 1 us of the row-scaled call on the H200)
+    // columns' global scales are made once: a grid of every slot measured 1.6-1.8 us slower on the row-scaled
+    // call on the H200, and still slower with those scales made free (bench/RESULTS.md, session 9)
     const int64_t tiles_k = (cols + kQuantTileCols - 1) / kQuantTileCols;
     if (grid >= tiles_k) grid = grid / tiles_k * tiles_k;
   }

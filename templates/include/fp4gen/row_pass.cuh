@@ -65,7 +65,7 @@ struct RowPassLayout {
 
 // Calls f(warps, whole_row), as std::integral_constants, with the CTA shape for rows of `cols` elements:
 // whether the CTA's lanes hold the whole row (kHeldChunks chunks each; 16-bit inputs only: with fp32 that
-// spills at 64 registers), and its warps: 4 where they hold the row, else 8. Four warps at 8 CTAs per SM keep
+// spills at 64 registers), and its warps: 4 where 4 can hold the row, else 8. Four warps at 8 CTAs per SM keep
 // as many loads in flight as 8 at 4 on rows half as wide.
 template <class InT, class F>
 auto with_row_pass_shape(int64_t cols, F&& f) {
