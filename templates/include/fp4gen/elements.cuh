@@ -51,6 +51,15 @@ struct Element<float> {
   static __device__ __forceinline__ uint32_t abs_bits_as_float_bits(uint32_t abs_bits) { return abs_bits; }
 };
 
+// NaN-propagating max of two words of packed 16-bit |x| (sign bits clear), NaN winning.
+template <class InT>
+__device__ __forceinline__ uint32_t packed_abs_max_nan(uint32_t a, uint32_t b) {
+  static_assert(sizeof(InT) == 2, "packed max is for 16-bit elements");
+  using Pair = std::conditional_t<std::is_same_v<InT, __half>, __half2, __nv_bfloat162>;
+  const Pair m = __hmax2_nan(*reinterpret_cast<const Pair*>(&a), *reinterpret_cast<const Pair*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&m);
+}
+
 // NaN-propagating max of |x| over the elements packed in 32-bit words: two 16-bit elements per word
 // (one packed bf16x2/f16x2 max with .NaN, so NaN wins) or one fp32 (an integer max of the |x| bits,
 // where NaN > Inf > every finite value).
@@ -59,10 +68,7 @@ __device__ __forceinline__ uint32_t word_abs_max(uint32_t acc, uint32_t word) {
   if constexpr (std::is_same_v<InT, float>) {
     return max(acc, word & Element<InT>::kAbsMask);
   } else {
-    using Pair = std::conditional_t<std::is_same_v<InT, __half>, __half2, __nv_bfloat162>;
-    const uint32_t abs_word = word & 0x7FFF7FFFu;
-    const Pair m = __hmax2_nan(*reinterpret_cast<const Pair*>(&acc), *reinterpret_cast<const Pair*>(&abs_word));
-    return *reinterpret_cast<const uint32_t*>(&m);
+    return packed_abs_max_nan<InT>(acc, word & 0x7FFF7FFFu);
   }
 }
 
@@ -93,6 +99,14 @@ template <class InT>
 __device__ __forceinline__ float xorsign_half_to_amax(uint32_t m, int i) {
   const uint32_t abs_bits = (m >> (16 * i)) & Element<InT>::kAbsMask;
   return fmaxf(__uint_as_float(Element<InT>::abs_bits_as_float_bits(abs_bits)), 0.0f);
+}
+
+// The amax of both halves of an abs_max_xorsign result, as xorsign_half_to_amax makes each: one more packed
+// max with the halves swapped leaves their maximum in both (a NaN half loses to the other), then one half
+// is read. Two instructions fewer than reading both halves and taking the float maximum.
+template <class InT>
+__device__ __forceinline__ float xorsign_pair_to_amax(uint32_t m) {
+  return xorsign_half_to_amax<InT>(abs_max_xorsign<InT>(m, __byte_perm(m, 0, 0x1032)), 1);
 }
 
 }  // namespace fp4gen

@@ -144,15 +144,34 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
     uint32_t row_max[kPanelRows];  // packed like the input
 #pragma unroll
     for (int p = 0; p < kPanelRows; ++p) row_max[p] = 0u;
-    auto accumulate_maxima = [&](int chunk, const uint4 (&v)[kPanelRows][kLoads]) {
+    // Where the lanes hold the whole row (16-bit elements), phase A also keeps each held block's packed |x|
+    // maximum for phase B's block scale (one register a block, no spills at 64; about 0.5 us of row-scaled
+    // 8192x8192 on the H200, bench/RESULTS.md session 10). These maxima propagate NaN, so phase B uses them
+    // only in panels with no special row (no NaN); the others remake them, ignoring NaN.
+    constexpr bool kKeepBlockMax = kWholeRow && kPerWord == 2;
+    uint32_t block_max[kKeepBlockMax ? kHeld : 1][kPanelRows];
+    auto accumulate_maxima = [&](int h, int chunk, const uint4 (&v)[kPanelRows][kLoads]) {
 #pragma unroll
-      for (int p = 0; p < kPanelRows; ++p)
+      for (int p = 0; p < kPanelRows; ++p) {
+        if constexpr (kKeepBlockMax) {
+          uint32_t m = 0u;
 #pragma unroll
-        for (int l = 0; l < kLoads; ++l) {
-          const uint4 w = v[p][l];
-          row_max[p] = word_abs_max<InT>(word_abs_max<InT>(row_max[p], w.x), w.y);
-          row_max[p] = word_abs_max<InT>(word_abs_max<InT>(row_max[p], w.z), w.w);
+          for (int l = 0; l < kLoads; ++l) {
+            const uint4 w = v[p][l];
+            m = word_abs_max<InT>(word_abs_max<InT>(m, w.x), w.y);
+            m = word_abs_max<InT>(word_abs_max<InT>(m, w.z), w.w);
+          }
+          block_max[h][p] = m;
+          row_max[p] = packed_abs_max_nan<InT>(row_max[p], m);
+        } else {
+#pragma unroll
+          for (int l = 0; l < kLoads; ++l) {
+            const uint4 w = v[p][l];
+            row_max[p] = word_abs_max<InT>(word_abs_max<InT>(row_max[p], w.x), w.y);
+            row_max[p] = word_abs_max<InT>(word_abs_max<InT>(row_max[p], w.z), w.w);
+          }
         }
+      }
       if (columns) {
 #pragma unroll
         for (int l = 0; l < kLoads; ++l) {
@@ -173,7 +192,7 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
 #pragma unroll
       for (int h = 0; h < kHeld; ++h) {
         const int chunk = warp + (k * kHeld + h) * kWarps;
-        if (chunk < chunks) accumulate_maxima(chunk, held[h]);
+        if (chunk < chunks) accumulate_maxima(h, chunk, held[h]);
       }
     }
 #pragma unroll
@@ -209,10 +228,18 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
     // row of the panel: its block scales first (no branch between them), then one vote for the fast encode of
     // all of them. Codes and scales leave with .cs stores (first out of L2), which keeps more of x there for
     // the columnwise pass.
-    uint8_t* lane_data = row_data + r0 * data_pitch + lane * 8;
-    uint8_t* lane_scale = row_scale + r0 * scale_pitch + lane;
-    auto encode_chunk = [&](int chunk, const uint4 (&v)[kPanelRows][kLoads]) {
+    // Output addresses: the panel's bases plus a lane's offset, 32-bit where the CTA holds whole rows (at most
+    // 8192 elements). The compiler remade each store's address from r0 (about 12 instructions a store, 1.4 an
+    // element of phase B) until the offsets were 32-bit and the scales' base came out of an asm statement,
+    // which it keeps in registers instead of recomputing (about 1 us of row-scaled 8192x8192 on the H200,
+    // bench/RESULTS.md session 10).
+    using Offset = std::conditional_t<kWholeRow, uint32_t, int64_t>;
+    uint8_t* panel_data = row_data + r0 * data_pitch;
+    uint8_t* panel_scale = row_scale + r0 * scale_pitch;
+    asm("mov.b64 %0, %0;" : "+l"(panel_scale));
+    auto encode_chunk = [&](int h, int chunk, const uint4 (&v)[kPanelRows][kLoads]) {
       const bool inside = int64_t{chunk} * kRowPassChunk + lane * 16 < cols;
+      const Offset chunk_offset = static_cast<Offset>(chunk) * kRowPassChunk;  // in elements of a row
       auto encode_step = [&](auto in_range) {
         constexpr bool kInRange = decltype(in_range)::value;
         float r[kPanelRows];
@@ -220,11 +247,13 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
 #pragma unroll
         for (int p = 0; p < kPanelRows; ++p) {
           float block_amax;
-          if constexpr (kPerWord == 2) {
+          if constexpr (kKeepBlockMax && kInRange) {
+            block_amax = xorsign_pair_to_amax<InT>(block_max[h][p]);
+          } else if constexpr (kPerWord == 2) {
             auto am = [](uint32_t a, uint32_t b) { return abs_max_xorsign<InT>(a, b); };
             const uint4 a = v[p][0], b = v[p][1];
             const uint32_t m = am(am(am(a.x, a.y), am(a.z, a.w)), am(am(b.x, b.y), am(b.z, b.w)));
-            block_amax = fmaxf(xorsign_half_to_amax<InT>(m, 0), xorsign_half_to_amax<InT>(m, 1));
+            block_amax = xorsign_pair_to_amax<InT>(m);
           } else {
             block_amax = 0.0f;  // fmaxf ignores NaN elements (0 if all are NaN)
 #pragma unroll
@@ -239,7 +268,8 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
           if constexpr (kFastEncode && kInRange)
             fast_ok = fast_ok & fast_encode_ok<E::kMinSubnormalExponent>(block_amax, enc.inverse);
           if (inside && p < panel_rows)
-            __stcs(lane_scale + p * scale_pitch + int64_t{chunk} * 32, static_cast<uint8_t>(enc.scale_byte));
+            __stcs(panel_scale + (p * static_cast<Offset>(scale_pitch) + chunk_offset / 16 + lane),
+                   static_cast<uint8_t>(enc.scale_byte));
         }
         auto encode = [&](auto fast) {
 #pragma unroll
@@ -257,9 +287,10 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
                 codes[half] = encode_codes<kHardwareCvt, 8>(vals, r[p]);
               }
             }
-            if (inside && p < panel_rows)
-              __stcs(reinterpret_cast<uint2*>(lane_data + p * data_pitch + int64_t{chunk} * (kRowPassChunk / 2)),
-                     make_uint2(codes[0], codes[1]));
+            if (inside && p < panel_rows) {
+              const Offset offset = p * static_cast<Offset>(data_pitch) + chunk_offset / 2 + lane * 8;
+              __stcs(reinterpret_cast<uint2*>(panel_data + offset), make_uint2(codes[0], codes[1]));
+            }
           }
         };
         if constexpr (kFastEncode && kInRange) {
@@ -286,7 +317,7 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
 #pragma unroll
       for (int h = 0; h < kHeld; ++h) {
         const int chunk = warp + (k * kHeld + h) * kWarps;
-        if (chunk < chunks) encode_chunk(chunk, held[h]);
+        if (chunk < chunks) encode_chunk(h, chunk, held[h]);
       }
     }
   }
