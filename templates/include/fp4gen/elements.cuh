@@ -51,7 +51,7 @@ struct Element<float> {
   static __device__ __forceinline__ uint32_t abs_bits_as_float_bits(uint32_t abs_bits) { return abs_bits; }
 };
 
-// NaN-propagating max of two words of packed 16-bit |x| (sign bits clear), NaN winning.
+// The NaN-propagating max of two words of packed 16-bit |x| values (sign bits clear).
 template <class InT>
 __device__ __forceinline__ uint32_t packed_abs_max_nan(uint32_t a, uint32_t b) {
   static_assert(sizeof(InT) == 2, "packed max is for 16-bit elements");
