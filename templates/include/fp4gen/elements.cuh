@@ -51,25 +51,26 @@ struct Element<float> {
   static __device__ __forceinline__ uint32_t abs_bits_as_float_bits(uint32_t abs_bits) { return abs_bits; }
 };
 
-// The NaN-propagating max of two words of packed 16-bit |x| values (sign bits clear).
+// The NaN-propagating max of two words of |x| values (sign bits clear), packed as the input: two 16-bit
+// elements per word (one packed bf16x2/f16x2 max with .NaN, so NaN wins) or one fp32 (an integer max of the
+// bit patterns, where NaN > Inf > every finite value).
 template <class InT>
-__device__ __forceinline__ uint32_t packed_abs_max_nan(uint32_t a, uint32_t b) {
-  static_assert(sizeof(InT) == 2, "packed max is for 16-bit elements");
-  using Pair = std::conditional_t<std::is_same_v<InT, __half>, __half2, __nv_bfloat162>;
-  const Pair m = __hmax2_nan(*reinterpret_cast<const Pair*>(&a), *reinterpret_cast<const Pair*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&m);
+__device__ __forceinline__ uint32_t abs_word_max(uint32_t a, uint32_t b) {
+  if constexpr (std::is_same_v<InT, float>) {
+    return max(a, b);
+  } else {
+    using Pair = std::conditional_t<std::is_same_v<InT, __half>, __half2, __nv_bfloat162>;
+    const Pair m = __hmax2_nan(*reinterpret_cast<const Pair*>(&a), *reinterpret_cast<const Pair*>(&b));
+    return *reinterpret_cast<const uint32_t*>(&m);
+  }
 }
 
-// NaN-propagating max of |x| over the elements packed in 32-bit words: two 16-bit elements per word
-// (one packed bf16x2/f16x2 max with .NaN, so NaN wins) or one fp32 (an integer max of the |x| bits,
-// where NaN > Inf > every finite value).
+// NaN-propagating max of |x| over the elements packed in 32-bit words: abs_word_max with `word`'s sign bits
+// cleared.
 template <class InT>
 __device__ __forceinline__ uint32_t word_abs_max(uint32_t acc, uint32_t word) {
-  if constexpr (std::is_same_v<InT, float>) {
-    return max(acc, word & Element<InT>::kAbsMask);
-  } else {
-    return packed_abs_max_nan<InT>(acc, word & 0x7FFF7FFFu);
-  }
+  constexpr uint32_t kWordAbsMask = sizeof(InT) == 2 ? 0x7FFF7FFFu : Element<InT>::kAbsMask;
+  return abs_word_max<InT>(acc, word & kWordAbsMask);
 }
 
 // The |x| bits of element i (0 or 1) of an accumulator word.

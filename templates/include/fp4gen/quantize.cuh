@@ -67,6 +67,8 @@ constexpr int quant_unit_tiles() {
 constexpr int kCodeStageBytes = kCodeStageTiles * kQuantTileCols / 2, kScaleStageBytes = kUnitTiles * kQuantTileCols / 16;
 // A lane holds its patch in 64 registers; at most 128 per thread gives 4 CTAs, 16 warps, per SM.
 constexpr int kQuantMinCtasPerSm = 4;
+// Tile columns of a tensor `cols` wide (the kernel's tiles_k; quantize_run rounds the grid with it).
+__host__ __device__ constexpr int64_t quant_tiles_k(int64_t cols) { return (cols + kQuantTileCols - 1) / kQuantTileCols; }
 // Tile and unit indices are 32-bit; quantize_can_implement refuses more tiles than this (2^42 elements).
 constexpr int64_t kMaxQuantTiles = int64_t{1} << 30;
 
@@ -245,7 +247,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int kc = lane % L::kLanesK, group = lane / L::kLanesK, q = lane % kBlockLanes;
   const int block = kc / kBlockLanes;  // the lane's rowwise block within the tile
-  const int tiles_k = static_cast<int>((cols + kQuantTileCols - 1) / kQuantTileCols);
+  const int tiles_k = static_cast<int>(quant_tiles_k(cols));
   const int units_k = (tiles_k + kThisUnitTiles - 1) / kThisUnitTiles;
   const int tiles_m = static_cast<int>((rows + L::kTileRows - 1) / L::kTileRows);
   const int n_units = (tiles_m + kQuantWarps - 1) / kQuantWarps * units_k;
@@ -600,7 +602,7 @@ int quantize_can_implement(const void* x, int64_t x_row_stride, int64_t rows, in
   constexpr int64_t kTileRows = QuantLane<InT>::kTileRows;
   if (rows < 0 || cols < 0 || cols % 16 != 0) return kInvalidProblem;
   if ((kColwise || k2D) && rows % 16 != 0) return kInvalidProblem;
-  if (((rows + kTileRows - 1) / kTileRows) * ((cols + kQuantTileCols - 1) / kQuantTileCols) > kMaxQuantTiles)
+  if (((rows + kTileRows - 1) / kTileRows) * quant_tiles_k(cols) > kMaxQuantTiles)
     return kInvalidProblem;
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
   if (kRowwise && (row_amax == nullptr || row_data == nullptr || row_scale == nullptr)) return kInvalidProblem;
@@ -633,7 +635,7 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
     // a multiple of the tile columns, so that each CTA's tiles (dealt in turn) share one tile column and its
     // columns' global scales are made once: a grid of every slot measured 1.6-1.8 us slower on the row-scaled
     // call on the H200, and still slower with those scales made free (bench/RESULTS.md, session 9)
-    const int64_t tiles_k = (cols + kQuantTileCols - 1) / kQuantTileCols;
+    const int64_t tiles_k = quant_tiles_k(cols);
     if (grid >= tiles_k) grid = grid / tiles_k * tiles_k;
   }
   // the programmatic dependent of the kernel before it (the kernel waits for it before it reads the amaxes)

@@ -153,24 +153,15 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
     auto accumulate_maxima = [&](int h, int chunk, const uint4 (&v)[kPanelRows][kLoads]) {
 #pragma unroll
       for (int p = 0; p < kPanelRows; ++p) {
-        if constexpr (kKeepBlockMax) {
-          uint32_t m = 0u;
+        uint32_t m = 0u;  // the block's |x| maximum, packed like the input
 #pragma unroll
-          for (int l = 0; l < kLoads; ++l) {
-            const uint4 w = v[p][l];
-            m = word_abs_max<InT>(word_abs_max<InT>(m, w.x), w.y);
-            m = word_abs_max<InT>(word_abs_max<InT>(m, w.z), w.w);
-          }
-          block_max[h][p] = m;
-          row_max[p] = packed_abs_max_nan<InT>(row_max[p], m);
-        } else {
-#pragma unroll
-          for (int l = 0; l < kLoads; ++l) {
-            const uint4 w = v[p][l];
-            row_max[p] = word_abs_max<InT>(word_abs_max<InT>(row_max[p], w.x), w.y);
-            row_max[p] = word_abs_max<InT>(word_abs_max<InT>(row_max[p], w.z), w.w);
-          }
+        for (int l = 0; l < kLoads; ++l) {
+          const uint4 w = v[p][l];
+          m = word_abs_max<InT>(word_abs_max<InT>(m, w.x), w.y);
+          m = word_abs_max<InT>(word_abs_max<InT>(m, w.z), w.w);
         }
+        if constexpr (kKeepBlockMax) block_max[h][p] = m;
+        row_max[p] = abs_word_max<InT>(row_max[p], m);
       }
       if (columns) {
 #pragma unroll
