@@ -1,9 +1,9 @@
-"""The reference backend: NVFP4 numerics in plain PyTorch, bit-exact with spec/nvfp4-numerics.md.
+"""The reference backend: NVFP4 numerics in plain PyTorch, bit-exact with TransformerEngine's quantization.
 
-Every formula below is one fp32 operation per step in the spec's order (PyTorch fp32 elementwise ops
-are IEEE round-to-nearest-even); section numbers refer to that spec. Runs on any device.
+Every formula below is one fp32 operation per step, in the order docs/numerics.md gives (PyTorch fp32
+elementwise ops are IEEE round-to-nearest-even). Runs on any device.
 
-fp4gen's deliberate difference from upstream (design.md section 3): second-level amaxes propagate
+fp4gen's deliberate difference from upstream (docs/numerics.md): second-level amaxes propagate
 NaN. Block amaxes ignore NaN as upstream's kernels do, and a NaN element encodes as +6 (code 0x7,
 what the hardware `cvt.rn.satfinite` gives), so the stored bytes are defined for every input and the
 NaN amax makes the whole row (or tensor) dequantize to NaN.
@@ -28,7 +28,7 @@ def _f32(value: float, device) -> torch.Tensor:
 
 
 def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
-    """GES (section 2.1): fl(2688 / amax), capped at FLT_MAX with C's fminf (a NaN quotient gives
+    """GES: fl(2688 / amax), capped at FLT_MAX with C's fminf (a NaN quotient gives
     FLT_MAX), and 1 where amax is 0 or the quotient is 0 (amax = +Inf)."""
     s = _f32(GLOBAL_ENCODE_NUMERATOR, amax.device) / amax
     s = torch.fmin(s, _f32(FLT_MAX, amax.device))
@@ -36,7 +36,7 @@ def global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
 
 
 def _to_e4m3_satfinite(v: torch.Tensor) -> torch.Tensor:
-    """fp32 -> E4M3 with RNE and saturation to 448; NaN stays NaN (section 1.2 `E4M3(v)`).
+    """fp32 -> E4M3 with RNE and saturation to 448; NaN stays NaN (`E4M3(v)`).
 
     PyTorch's conversion rounds correctly but maps values above 464 to NaN, so clamp first; values in
     (448, 464] round to 448 either way, so the clamp changes nothing else.
@@ -45,7 +45,7 @@ def _to_e4m3_satfinite(v: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_encode(y: torch.Tensor) -> torch.Tensor:
-    """E2M1_RN (section 1.1): round to nearest, ties to the even code, saturate to +-6.
+    """E2M1_RN: round to nearest, ties to the even code, saturate to +-6.
 
     Returns uint8 codes. The sign bit is set iff y < 0 (so -0.0 gives code 0, as the reference does);
     NaN gives code 0x7 (+6).
@@ -116,7 +116,7 @@ def _quantize_1d(x: torch.Tensor, amax: torch.Tensor) -> NVFP4Data:
 
 
 def _quantize_2d(x: torch.Tensor, amax: torch.Tensor, rowwise: bool, columnwise: bool):
-    """16x16 quantization (section 6.2) of fp32 x [M, K] with a per-tensor amax [1].
+    """16x16 quantization of fp32 x [M, K] with a per-tensor amax [1].
 
     One scale per 16x16 tile, replicated on each of the tile's 16 rows (rowwise) or 16 transposed rows
     (columnwise); the columnwise codes are the exact transpose of the rowwise codes.
@@ -157,17 +157,27 @@ def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, colum
 
 
 def decode_factor(operand: NVFP4Data) -> torch.Tensor:
-    """Per-block dequantization factor fs = fl(fl(sdec * amax) * fl(1/2688)) (section 2.4), [R, C/16]."""
+    """Per-block dequantization factor fs = fl(fl(sdec * amax) * fl(1/2688)) (upstream's order), [R, C/16]."""
     dev = operand.device
     amax = operand.amax.reshape(-1, 1)
     return (operand.scale.float() * amax) * _f32(1.0 / GLOBAL_ENCODE_NUMERATOR, dev)
 
 
 def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
-    """out = OType(fl(e2m1 * fs)) (section 2.4), [rows, cols]."""
+    """out = OType(fl(e2m1 * fs)) in upstream's order, [rows, cols].
+
+    fp4gen's difference: where fl(sdec * amax) overflows for a finite amax (amax within a factor 448 of
+    FLT_MAX), upstream's factor is inf although the true value, at most amax, is finite. Those blocks take the
+    factor in the other order, fl(fl(amax * fl(1/2688)) * sdec), which stays finite (checked for the largest
+    amaxes and every scale), as the CUDA kernels do; every other block keeps upstream's bits."""
     rows, cols = operand.shape
     values = e2m1_decode(unpack_nibbles(operand.data)).reshape(rows, cols // BLOCK, BLOCK)
-    out = values * decode_factor(operand).unsqueeze(-1)
+    factor = decode_factor(operand)
+    amax = operand.amax.reshape(-1, 1).expand_as(factor)
+    sdec = operand.scale.float()
+    overflow = torch.isinf(sdec * amax) & torch.isfinite(amax)
+    finite_factor = (amax * _f32(1.0 / GLOBAL_ENCODE_NUMERATOR, operand.device)) * sdec
+    out = values * torch.where(overflow, finite_factor, factor).unsqueeze(-1)  # no branch: no host sync
     return out.reshape(rows, cols).to(dtype)
 
 
@@ -188,7 +198,7 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out: torch.Tensor |
     """D[i, j] = fl(fl(acc[i, j] * col_scale[j]) * row_scale[i]) (+ out when accumulating).
 
     acc is the block-scaled product sum_k A[i,k] B[j,k], accumulated here in float64 and rounded once
-    to fp32 (the GPU kernels accumulate in fp32 in their own order, design.md section 3).
+    to fp32 (the GPU kernels accumulate in fp32 in their own order, so GEMMs are compared, not bit-matched).
     """
     acc = (block_scaled_values(a).double() @ block_scaled_values(b).double().t()).float()
     d = (acc * bilateral_scale(b.amax).reshape(1, -1)) * bilateral_scale(a.amax).reshape(-1, 1)

@@ -1,4 +1,4 @@
-"""Reference numerics against facts stated in spec/nvfp4-numerics.md and against float64 arithmetic."""
+"""Reference numerics against facts of the NVFP4 specification (docs/numerics.md) and against float64 arithmetic."""
 import math
 
 import pytest
@@ -42,6 +42,57 @@ def test_dequantize_follows_spec_formula():
     scale2 = torch.tensor([[2.0], [2.0]]).to(torch.float8_e4m3fn)
     out2 = fp4gen.dequantize(fp4gen.NVFP4Data(data2, scale2, torch.tensor([1344.0, 2688.0])), torch.float32)
     assert out2[:, :2].tolist() == [[1.0, 6.0], [2.0, 12.0]]
+
+
+@pytest.mark.parametrize("amax", [3.4028234663852886e38, 3.4028232635611926e38, 2.0e38, 1.0e37, 7.6e35])
+def test_dequantize_stays_finite_where_the_true_value_is_finite(amax):
+    # fl(sdec * amax) overflows for row 0 (scale 448), so upstream's order gives inf there; fp4gen takes that
+    # block's factor as fl(fl(amax * fl(1/2688)) * sdec) instead. Row 1 (scale 1) keeps upstream's order.
+    codes = torch.arange(16, dtype=torch.uint8)
+    data = (codes[0::2] | (codes[1::2] << 4)).reshape(1, 8).repeat(2, 1)
+    scale = torch.tensor([[448.0], [1.0]]).to(torch.float8_e4m3fn)
+    op = fp4gen.NVFP4Data(data, scale, torch.tensor([amax, amax]))
+    out = fp4gen.dequantize(op, dtype=torch.float32)
+    assert torch.isfinite(out).all()
+    values = torch.tensor(E2M1 + [-v for v in E2M1])
+    a, f = torch.tensor(amax), torch.tensor(1.0) / torch.tensor(2688.0)
+    assert torch.isinf(torch.tensor(448.0) * a)  # the case this test is about
+    assert torch.equal(out[0], values * ((a * f) * torch.tensor(448.0)))
+    assert torch.equal(out[1], values * ((torch.tensor(1.0) * a) * f))
+    # close to the true value e2m1 * sdec * amax / 2688, computed in float64
+    true = values.double() * 448.0 * amax / 2688.0
+    assert torch.allclose(out[0].double(), true, rtol=3e-7, atol=0)
+    # in a 16-bit output a value beyond the format's range is inf, as any cast gives
+    assert torch.equal(fp4gen.dequantize(op, dtype=torch.bfloat16)[0], out[0].to(torch.bfloat16))
+
+
+def test_dequantize_is_finite_for_every_scale_and_the_largest_amaxes():
+    # the alternative order never overflows: all 126 finite nonzero E4M3 scales x the 4096 largest floats
+    scales = torch.arange(1, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    top = (torch.tensor(0x7F7FFFFF, dtype=torch.int32) - torch.arange(4096, dtype=torch.int32)).view(torch.float32)
+    amax = top.repeat_interleave(scales.numel())
+    scale = scales.repeat(top.numel()).reshape(-1, 1).to(torch.float8_e4m3fn)
+    data = torch.full((amax.numel(), 8), 0x77, dtype=torch.uint8)  # +6, the largest code, everywhere
+    out = fp4gen.dequantize(fp4gen.NVFP4Data(data, scale, amax), dtype=torch.float32)
+    assert torch.isfinite(out).all()
+
+
+def test_dequantize_keeps_upstream_order_without_overflow():
+    # amax 1e30 with scale 448: fl(448 * 1e30) is finite, so the factor is fl(fl(sdec * amax) * fl(1/2688))
+    data = torch.full((1, 8), 0x72, dtype=torch.uint8)
+    scale = torch.tensor([[448.0]]).to(torch.float8_e4m3fn)
+    amax = torch.tensor([1e30])
+    out = fp4gen.dequantize(fp4gen.NVFP4Data(data, scale, amax), dtype=torch.float32)
+    f = torch.tensor(1.0) / torch.tensor(2688.0)
+    factor = (torch.tensor(448.0) * amax[0]) * f
+    assert out[0, 0] == factor and out[0, 1] == torch.tensor(6.0) * factor
+
+
+def test_inf_amax_dequantizes_as_upstream():
+    data = torch.full((1, 8), 0x72, dtype=torch.uint8)
+    scale = torch.tensor([[2.0]]).to(torch.float8_e4m3fn)
+    out = fp4gen.dequantize(fp4gen.NVFP4Data(data, scale, torch.tensor([float("inf")])), dtype=torch.float32)
+    assert torch.isinf(out[0, :2]).all()
 
 
 def _dequantize_f64(op):

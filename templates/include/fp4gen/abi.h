@@ -1,4 +1,4 @@
-// The C ABI every fp4gen kernel library exports (design.md section 7, rule 8).
+// The C ABI every fp4gen kernel library exports: status codes, no C++ exception crosses it.
 //
 // Each generated translation unit is one library with one kernel <name> and exports
 //   int    fp4gen_abi_version(void)

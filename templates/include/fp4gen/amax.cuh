@@ -1,9 +1,9 @@
 // The amax pass: per-row amax [M], per-column amax [K] and/or the tensor amax [1] of x [M, K], all from
 // one read of x with coalesced 16-byte loads.
 //
-// fp4gen's amaxes propagate NaN (design.md section 3). Maxima are taken on |x|'s bit patterns as
-// unsigned integers, where NaN > Inf > every finite value, so the ordinary integer max (and atomicMax
-// across CTAs) propagates NaN with no extra test. Indices are 64-bit.
+// fp4gen's amaxes propagate NaN (unlike upstream: docs/numerics.md, deliberate differences). Maxima are
+// taken on |x|'s bit patterns as unsigned integers, where NaN > Inf > every finite value, so the ordinary
+// integer max (and atomicMax across CTAs) propagates NaN with no extra test. Indices are 64-bit.
 #pragma once
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-// The epilogue visitor tree both GEMM families share (Hopper's nodes serve Blackwell too,
-// spec/cutlass-notes.md 1 and 3):
+// The epilogue visitor tree both GEMM families share (CUTLASS's SM90 broadcast nodes, which serve
+// Blackwell too):
 //     D[i, j] = beta * C[i, j] + alpha * (row_amax[i or 0] * (col_amax[j or 0] * acc[i, j]))
 // Each amax side is a vector or a broadcast scalar, chosen at run time through the broadcast nodes'
 // `bool` stride; beta = 0 skips reading C.

@@ -1,5 +1,8 @@
-// NVFP4 dequantization (spec/nvfp4-numerics.md 2.4): out = OutT(fl(e2m1 * fl(fl(sdec * amax) * fl(1/2688)))).
-// With a null amax it writes the block-scaled values e2m1 * sdec (the GEMM's operands) instead.
+// NVFP4 dequantization (docs/numerics.md): out = OutT(fl(e2m1 * fl(fl(sdec * amax) * fl(1/2688)))), upstream's
+// order. Where fl(sdec * amax) overflows for a finite amax, that order gives inf although the true value (at
+// most amax) is finite, so such a block takes the factor in the other order, fl(fl(amax * fl(1/2688)) * sdec),
+// which stays finite (docs/numerics.md, deliberate differences), as the reference backend does. With a null
+// amax it writes the block-scaled values e2m1 * sdec (the GEMM's operands) instead.
 //
 // Each thread decodes the elements of one 16-byte output vector (8 for 16-bit outputs, 4 for fp32), so
 // consecutive threads write consecutive 16-byte vectors: fully coalesced stores, which dominate the
@@ -78,7 +81,13 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_
       const int64_t row = first + r * row_step;
       if (row >= rows) break;
       // without an amax (GEMM operands) the factor is the block scale alone: e2m1 * sdec is exact in bf16
-    const float factor = amax == nullptr ? sdec[r] : __fmul_rn(__fmul_rn(sdec[r], row_amax[r]), kInvGlobalEncodeNumerator);
+      float factor = sdec[r];
+      if (amax != nullptr) {
+        const float scaled_amax = __fmul_rn(sdec[r], row_amax[r]);
+        factor = isinf(scaled_amax) && isfinite(row_amax[r])  // amax within a factor 448 of FLT_MAX
+                     ? __fmul_rn(__fmul_rn(row_amax[r], kInvGlobalEncodeNumerator), sdec[r])
+                     : __fmul_rn(scaled_amax, kInvGlobalEncodeNumerator);
+      }
       float v[kElems];
 #pragma unroll
       for (int i = 0; i < kElems; ++i)  // element 2j is the low nibble of byte j

@@ -1,6 +1,6 @@
 // Hopper NVFP4 GEMM for small M, read straight from the packed operands:
 //     D[i, j] = beta * C[i, j] + alpha * (row_amax[i or 0] * (col_amax[j or 0] * sum_k A[i, k] * B[j, k]))
-// where A and B hold block-scaled values e2m1 * e4m3 (spec/nvfp4-numerics.md 2.4 without the amax factor).
+// where A and B hold block-scaled values e2m1 * e4m3 (docs/numerics.md, dequantization, without the amax factor).
 //
 // Why: when M is small the GEMM is bound by reading B. The wgmma family reads B as bf16 scratch that a
 // separate pass wrote (4 bytes of traffic per element, plus 0.5 to read the codes); this kernel reads the

@@ -1,4 +1,4 @@
-// Blackwell NVFP4 GEMM (design.md section 4): native block-scaled MMA (tcgen05 kind::mxf4nvf4) on the
+// Blackwell NVFP4 GEMM (docs/kernel-specs.md): native block-scaled MMA (tcgen05 kind::mxf4nvf4) on the
 // packed E2M1 operands and their E4M3 block scales in the 128x4 swizzled layout (fp4gen.swizzle), with
 // the same bilateral epilogue as Hopper (bilateral_epilogue.hpp).
 // Compiled for sm_100a only; no Blackwell GPU was available, so this has never been run.

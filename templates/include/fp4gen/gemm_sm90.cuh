@@ -1,7 +1,8 @@
-// Hopper NVFP4 GEMM, first version (design.md section 4): both operands arrive dequantized to their
-// block-scaled values (E2M1 * E4M3, exact in bf16, without the second-level amax), a CUTLASS SM90 bf16
-// TMA warp-specialized GEMM accumulates in fp32, and the bilateral epilogue (bilateral_epilogue.hpp)
-// applies alpha * row_amax[i] * col_amax[j], alpha = fl(1 / 2688^2) from the caller, plus beta * C.
+// Hopper NVFP4 GEMM, first version (docs/numerics.md, how Hopper runs NVFP4): both operands arrive
+// dequantized to their block-scaled values (E2M1 * E4M3, exact in bf16, without the second-level amax), a
+// CUTLASS SM90 bf16 TMA warp-specialized GEMM accumulates in fp32, and the bilateral epilogue
+// (bilateral_epilogue.hpp) applies alpha * row_amax[i] * col_amax[j], alpha = fl(1 / 2688^2) from the
+// caller, plus beta * C.
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -1,5 +1,5 @@
-// NVFP4 element and scale arithmetic shared by the device kernels (spec/nvfp4-numerics.md 1-2): exact
-// decoding, and encoding bit for bit as the spec orders it.
+// NVFP4 element and scale arithmetic shared by the device kernels: exact decoding, and encoding bit for
+// bit in upstream's operation order (docs/numerics.md, the format and quantization).
 #pragma once
 
 #include <cmath>

@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // After the row pass (quant_after_row_pass): the last rows of x it read are in L2, and loads and stores that
   // leave L2 first keep them there until this kernel gets to them. (Walking the tiles bottom up, to read those
   // rows first, found about twice as much of x in L2 but measured about 1 us slower on 8192x8192 on the H200:
-  // bench/RESULTS.md, session 9.)
+  // bench/RESULTS.md, b43f5ad, 2026-11-30.)
   constexpr bool kAfterRowPass = quant_after_row_pass<kRowwise, kColwise, kRowScaled>();
   constexpr int kThisUnitTiles = quant_unit_tiles<kRowwise, kColwise, kRowScaled>();
   // Each warp's rowwise outputs: its tile row's codes of kCodeStageTiles consecutive tiles and its scales
@@ -460,8 +460,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
       constexpr bool kFast = decltype(fast)::value;
       uint8_t* row_dst = &row_code_stage[warp][16 * group][tk % kCodeStageTiles * (kQuantTileCols / 2) + kc * kVec / 2];
       // The columnwise-only kernels unroll the halves (no patch moves between them; still 128 registers, no
-      // spills; 0-0.6 us of row-scaled 8192x8192 / 16384x4096 on the H200, bench/RESULTS.md session 9); the
-      // others, not measured that way, keep one loop body.
+      // spills; 0-0.6 us of row-scaled 8192x8192 / 16384x4096 on the H200, bench/RESULTS.md, a32b33d,
+      // 2026-11-30); the others, not measured that way, keep one loop body.
 #pragma unroll(kRowwise ? 1 : 2)
       for (int half = 0; half < 2; ++half, row_dst += 8 * kCodeStageBytes) {
         uint32_t col_words[kColwise ? kVec : 1], col_signs[kColwise && kFast ? kVec : 1];
@@ -634,7 +634,7 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
   if constexpr (quant_after_row_pass<kRowwise, kColwise, kRowScaled>()) {
     // a multiple of the tile columns, so that each CTA's tiles (dealt in turn) share one tile column and its
     // columns' global scales are made once: a grid of every slot measured 1.6-1.8 us slower on the row-scaled
-    // call on the H200, and still slower with those scales made free (bench/RESULTS.md, session 9)
+    // call on the H200, and still slower with those scales made free (bench/RESULTS.md, a32b33d, 2026-11-30)
     const int64_t tiles_k = quant_tiles_k(cols);
     if (grid >= tiles_k) grid = grid / tiles_k * tiles_k;
   }

@@ -17,7 +17,8 @@
 // Where the CTA's lanes can hold the whole panel in registers (16-bit rows of up to 8192 elements: a lane
 // holds RowPassLayout::kHeldChunks = 2 chunks, 8 vectors), phase A issues all of a warp's loads at once and
 // phase B encodes from registers. The row pass waits on DRAM: twice the loads in flight per warp, and no
-// re-read in phase B, took about 6 us off row-scaled 8192x8192 on the H200 (bench/RESULTS.md, session 8).
+// re-read in phase B, took about 6 us off row-scaled 8192x8192 on the H200 (bench/RESULTS.md, afee2c7,
+// 2026-11-30).
 // Rows of up to 4096 elements take 4 warps a CTA (8 CTAs per SM), so that each warp still holds 2 chunks
 // (about 10 us off 16384x4096). Wider rows, and fp32 rows, take 8 warps and rounds of kHeldChunks chunks a
 // warp, and phase B reads each round again (from L1 or L2: a panel is at most 64 KB).
@@ -146,8 +147,8 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
     for (int p = 0; p < kPanelRows; ++p) row_max[p] = 0u;
     // Where the lanes hold the whole row (16-bit elements), phase A also keeps each held block's packed |x|
     // maximum for phase B's block scale (one register a block, no spills at 64; about 0.5 us of row-scaled
-    // 8192x8192 on the H200, bench/RESULTS.md session 10). These maxima propagate NaN, so phase B uses them
-    // only in panels with no special row (no NaN); the others remake them, ignoring NaN.
+    // 8192x8192 on the H200, bench/RESULTS.md, c5135f3, 2026-11-30). These maxima propagate NaN, so phase B
+    // uses them only in panels with no special row (no NaN); the others remake them, ignoring NaN.
     constexpr bool kKeepBlockMax = kWholeRow && kPerWord == 2;
     uint32_t block_max[kKeepBlockMax ? kHeld : 1][kPanelRows];
     auto accumulate_maxima = [&](int h, int chunk, const uint4 (&v)[kPanelRows][kLoads]) {
@@ -223,7 +224,7 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
     // 8192 elements). The compiler remade each store's address from r0 (about 12 instructions a store, 1.4 an
     // element of phase B) until the offsets were 32-bit and the scales' base came out of an asm statement,
     // which it keeps in registers instead of recomputing (about 1 us of row-scaled 8192x8192 on the H200,
-    // bench/RESULTS.md session 10).
+    // bench/RESULTS.md, c5135f3, 2026-11-30).
     using Offset = std::conditional_t<kWholeRow, uint32_t, int64_t>;
     uint8_t* panel_data = row_data + r0 * data_pitch;
     uint8_t* panel_scale = row_scale + r0 * scale_pitch;
@@ -346,8 +347,9 @@ __global__ void __launch_bounds__(1024)
       m = combine(m, col_partial[int64_t{k} * slots + slot]);
   warp_max[warp][lane] = m;
   // The partials are scratch, dirty in L2: drop the lines this CTA read so that they are not written back
-  // (1-1.5 us of row-scaled 8192x8192 on the H200, bench/RESULTS.md session 9). Each line is 8 lanes' slots
-  // of one k, all read by this warp, and their loads are complete (m, which holds them, has been stored).
+  // (1-1.5 us of row-scaled 8192x8192 on the H200, bench/RESULTS.md, b43f5ad, 2026-11-30). Each line is 8
+  // lanes' slots of one k, all read by this warp, and their loads are complete (m, which holds them, has been
+  // stored).
   // Only with a 128-byte aligned workspace, where no line reaches past its ends (slots is a multiple of 32,
   // so each k's slots are whole lines).
   if (reinterpret_cast<uintptr_t>(col_partial) % 128 == 0 && lane % 8 == 0 && slot < slots)
