@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .toolchain import BUILD_DEPS_FIX, ToolchainError
+
 
 @dataclass(frozen=True)
 class CompileJob:
@@ -17,6 +19,8 @@ class CompileJob:
     source: Path  # generated/<name>.cu
     entry: Path  # cache directory <name>.<key16>; exists only when complete
     flags: tuple
+    key: str = ""  # the full cache key (entry is named <name>.<key[:16]>)
+    headers: tuple = ()  # ((fp4gen header, sha256), ...) the key was computed from
 
     @property
     def library(self) -> Path:
@@ -64,7 +68,7 @@ def ninja_executable() -> str:
 
         return str(Path(ninja.BIN_DIR) / "ninja")
     except ImportError:
-        raise RuntimeError("ninja not found: pip install ninja") from None
+        raise ToolchainError(f"ninja not found: {BUILD_DEPS_FIX}") from None
 
 
 def run_ninja(build_file: Path, jobs: int) -> int:

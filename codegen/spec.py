@@ -32,7 +32,7 @@ REQUIRED_KEYS = ("family", "axes")
 @dataclass(frozen=True)
 class KernelSpec:
     file: str  # path as shown in messages and generated headers (relative to the repository)
-    sha256: str  # of the YAML bytes
+    sha256: str  # of the YAML bytes (for tools; no kernel's source or cache key depends on it)
     family: Family
     description: str
     axes: tuple  # ((axis, (value, ...)), ...) in the family's axis order

@@ -64,7 +64,7 @@ class GemmTiles:
 
 
 # Hopper CTA tiles of bf16 wgmma: cooperative 128x256 tiles suit large problems and 64-row pingpong tiles
-# small M (spec/cutlass-notes.md sections 0-1); the schedule is its own axis.
+# small M; the schedule is its own axis.
 GEMM_TILES = GemmTiles((64, 128, 256), 16, 256, (64, 128), ("128x256x64", "64x128x64", "128x128x64"))
 
 # Blackwell 1-SM MMA tiles of the block-scaled NVFP4 MMA (K = 256 elements: four 64-element scale atoms).

@@ -18,6 +18,9 @@ from . import tables
 
 CUTLASS_WHEEL = "nvidia-cutlass"
 CUTLASS_PIN = "nvidia-cutlass==4.2.0.0"
+# How to install what build.py needs besides nvcc (the package's optional extra `build`), for messages.
+BUILD_DEPS_FIX = (f'pip install -e ".[build]" (or pip install ".[build]") in the fp4gen checkout, or '
+                  f'pip install jinja2 pyyaml ninja {CUTLASS_PIN}')
 COMMON_FLAGS = ("-std=c++17", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG", "-Xcompiler", "-fPIC", "-shared")
 
 
@@ -79,8 +82,8 @@ def find_cutlass() -> tuple:
     spec = importlib.util.find_spec("cutlass_library")
     include = Path(list(spec.submodule_search_locations)[0]) / "source" / "include" if spec else None
     if include is None or not (include / "cutlass" / "version.h").is_file():
-        raise ToolchainError(f"CUTLASS headers not found: pip install {CUTLASS_PIN} (it ships them under "
-                             f"cutlass_library/source/include), or set FP4GEN_CUTLASS_DIR to a CUTLASS include/")
+        raise ToolchainError(f"CUTLASS headers not found: {BUILD_DEPS_FIX} (the {CUTLASS_WHEEL} wheel ships them "
+                             f"under cutlass_library/source/include), or set FP4GEN_CUTLASS_DIR to a CUTLASS include/")
     return include.resolve(), importlib.metadata.version(CUTLASS_WHEEL)
 
 
@@ -134,8 +137,8 @@ def cache_root() -> Path:
 
 
 def default_jobs() -> int:
-    """Parallel nvcc jobs: one per core, but no more than one per 4 GB of RAM (a CUTLASS GEMM TU peaks
-    near 4 GB, spec/cutlass-notes.md section 0)."""
+    """Parallel nvcc jobs: one per core, but no more than one per 4 GB of RAM (compiling a CUTLASS GEMM
+    translation unit peaks near 4 GB of RAM)."""
     cores = os.cpu_count() or 1
     try:
         mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30

@@ -38,6 +38,21 @@ def run_build_py(project: Path, *args, env=None) -> subprocess.CompletedProcess:
                           env=env)
 
 
+def load_build_py(project: Path = ROOT):
+    """build.py of `project` imported as a module (named fp4gen_build_py, so it never shadows a `build` package),
+    to call its functions without running it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fp4gen_build_py", project / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "nvcc: compiles a kernel with the real nvcc (slow; skipped without nvcc)")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -2,15 +2,20 @@
 import ctypes
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from codegen import ninja as ninja_module
 from codegen import tables
+from codegen import toolchain as toolchain_module
 from codegen.ninja import CompileJob, build_seconds, write_ninja
-from codegen.toolchain import Toolchain, cache_key
-from conftest import copy_project, run_build_py
+from codegen.toolchain import Toolchain, ToolchainError, cache_key
+from conftest import copy_project, load_build_py, run_build_py
+
+BUILD = load_build_py()
 
 TOOLCHAIN = Toolchain("/opt/cuda/bin/nvcc", "Build cuda_13.0", Path("/cutlass/include"), "4.2.0.0",
                       Path("/repo/templates/include"))
@@ -82,6 +87,7 @@ def test_missing_cutlass_headers_is_a_clear_message(tmp_path):
     assert result.returncode == 2 and "FP4GEN_CUTLASS_DIR" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc and the CUTLASS headers to compile")
 def test_a_gemm_variant_from_a_temporary_spec_compiles(tmp_path):
     # The whole path a user takes to add a tile: a YAML file, then build.py. No Python or template edit.
@@ -95,3 +101,102 @@ def test_a_gemm_variant_from_a_temporary_spec_compiles(tmp_path):
     library = ctypes.CDLL(str(tmp_path / "lib" / "gemm_nvfp4_bf16out_t128x128x64_coop_sm90a.so"))
     assert library.fp4gen_abi_version() == 1
     assert hasattr(library, "gemm_nvfp4_bf16out_t128x128x64_coop_sm90a_run")
+
+
+# --- build.py's options, lib dir and missing-dependency messages (no compile) ---
+
+FIX = ('pip install -e ".[build]" (or pip install ".[build]") in the fp4gen checkout, or '
+       'pip install jinja2 pyyaml ninja nvidia-cutlass==4.2.0.0')
+
+
+def test_a_bad_filter_regex_is_refused_without_a_traceback(tmp_path):
+    result = run_build_py(copy_project(tmp_path), "--filter", "(")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--filter '(' is not a valid regular expression: missing ), unterminated subpattern" in result.stderr
+
+
+@pytest.mark.parametrize("capabilities,archs", [
+    ([(9, 0)], ["sm90a"]),
+    ([(10, 0)], ["sm100a"]),
+    ([(10, 0), (9, 0), (9, 0)], ["sm90a", "sm100a"]),  # two GPUs of different archs: both
+    ([], list(tables.ARCHS)),  # no GPU visible (CPU machines, CI): every arch
+])
+def test_default_archs_are_those_of_the_visible_gpus(capabilities, archs):
+    chosen, line = BUILD.default_archs(capabilities)
+    assert chosen == archs
+    assert ("no CUDA GPU visible: building every arch" in line) == (not capabilities)
+    if capabilities:
+        assert line.startswith(f"building {', '.join(archs)}, the arch") and "--arch all builds every arch" in line
+
+
+def test_a_gpu_of_no_fp4gen_arch_is_an_error_naming_it():
+    with pytest.raises(BUILD.ArchError) as info:
+        BUILD.default_archs([(8, 0)])
+    message = str(info.value)
+    assert "compute capability 8.0" in message and "sm90a" in message and "sm100a" in message
+    assert "--arch all" in message and "\n" not in message
+    # next to a GPU that has an arch, it is skipped and named
+    chosen, line = BUILD.default_archs([(8, 0), (9, 0)])
+    assert chosen == ["sm90a"] and "skipping GPUs of compute capability 8.0" in line
+
+
+@pytest.mark.parametrize("value,archs", [("all", list(tables.ARCHS)), ("sm100a,sm90a", ["sm90a", "sm100a"]),
+                                         ("sm90a", ["sm90a"]), (None, None)])
+def test_arch_option_takes_a_list_or_all(value, archs):
+    assert BUILD.parse_args([] if value is None else ["--arch", value]).arch == archs
+
+
+def test_an_unknown_arch_is_refused(capsys):
+    with pytest.raises(SystemExit) as info:
+        BUILD.parse_args(["--arch", "sm90a,sm80"])
+    assert info.value.code == 2 and "--arch sm80 is not a known arch" in capsys.readouterr().err
+
+
+def test_without_a_gpu_every_arch_is_built_and_said(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_HOME"}
+    env.update(PATH=str(Path(sys.executable).parent), CUDA_VISIBLE_DEVICES="")  # no GPU, and no nvcc: no compile
+    result = run_build_py(copy_project(tmp_path), env=env)
+    assert result.stdout.startswith(f"no CUDA GPU visible: building every arch ({', '.join(tables.ARCHS)})")
+    assert result.returncode == 2 and "nvcc not found" in result.stderr
+
+
+def test_lib_dir_is_the_env_var_else_lib_in_the_cache_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("FP4GEN_LIB_DIR", str(tmp_path / "libs"))
+    monkeypatch.setenv("FP4GEN_CACHE_DIR", str(tmp_path / "cache"))
+    assert BUILD.lib_dir() == tmp_path / "libs"
+    monkeypatch.delenv("FP4GEN_LIB_DIR")
+    assert BUILD.lib_dir() == tmp_path / "cache" / "lib"
+    monkeypatch.delenv("FP4GEN_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert BUILD.lib_dir() == tmp_path / "home" / ".cache" / "fp4gen" / "lib"
+
+
+def test_build_py_runs_from_any_directory(tmp_path):
+    project = copy_project(tmp_path / "project")
+    (tmp_path / "elsewhere").mkdir()
+    for args in (["--list"], ["--check"]):
+        result = subprocess.run([sys.executable, str(project / "build.py"), *args], capture_output=True, text=True,
+                                cwd=tmp_path / "elsewhere")
+        assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("module,package", [("jinja2", "jinja2"), ("yaml", "pyyaml")])
+def test_a_missing_build_dependency_is_one_line_with_the_fix(tmp_path, module, package):
+    project = copy_project(tmp_path)
+    hide = (f"import runpy, sys; sys.modules[{module!r}] = None; sys.argv = ['build.py', '--check']; "
+            f"runpy.run_path({str(project / 'build.py')!r}, run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr == f"error: build.py needs the Python package {package}, which is not installed: {FIX}\n"
+
+
+def test_missing_ninja_and_cutlass_name_the_build_extra(monkeypatch):
+    monkeypatch.setattr(ninja_module.shutil, "which", lambda *a, **k: None)
+    monkeypatch.setitem(sys.modules, "ninja", None)
+    with pytest.raises(ToolchainError, match=r"ninja not found: pip install -e \"\.\[build\]\""):
+        ninja_module.ninja_executable()
+    monkeypatch.delenv("FP4GEN_CUTLASS_DIR", raising=False)
+    monkeypatch.setattr(toolchain_module.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ToolchainError) as info:
+        toolchain_module.find_cutlass()
+    assert str(info.value).startswith(f"CUTLASS headers not found: {FIX}") and "FP4GEN_CUTLASS_DIR" in str(info.value)

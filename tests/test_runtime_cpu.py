@@ -234,8 +234,10 @@ def test_quantize_of_cpu_tensor_with_backend_cuda_is_refused():
         fp4gen.quantize(torch.zeros(16, 16), backend="cuda")
 
 
-def test_manifest_path_is_inside_the_checkout():
+def test_manifest_is_the_checkouts_or_the_packaged_copy():
+    from fp4gen.cuda.manifest import CHECKOUT, PACKAGE_DIR
     assert MANIFEST_PATH.exists() and MANIFEST_PATH.parent.name == "generated"
+    assert MANIFEST_PATH.parent.parent == (CHECKOUT if CHECKOUT is not None else PACKAGE_DIR)
 
 
 def test_row_pass_rule():

@@ -6,7 +6,7 @@ import functools
 import json
 
 from ..errors import BuildError, KernelError
-from .manifest import INDEX, lib_dir, load_manifest
+from .manifest import INDEX, build_command, lib_dir, load_manifest
 
 ABI_VERSION = 1  # must equal FP4GEN_ABI_VERSION in templates/include/fp4gen/abi.h
 _CTYPES = {"pointer": ctypes.c_void_p, "int64": ctypes.c_int64, "float32": ctypes.c_float}
@@ -17,7 +17,7 @@ _STATUS = {
 
 
 def _build_hint(entry: dict) -> str:
-    return f"run `python build.py --arch {entry['arch']}` (or plain `python build.py`)"
+    return f"run {build_command(entry['arch'])}; it publishes the libraries to {lib_dir()}"
 
 
 class Kernel:
@@ -30,7 +30,7 @@ class Kernel:
         self.alignment = entry.get("alignment", {})
         path = lib_dir() / f"{self.name}.so"
         if not path.exists():
-            raise BuildError(f"kernel {self.name} is declared in generated/manifest.json but not built "
+            raise BuildError(f"kernel {self.name} is declared in the kernel manifest but not built "
                              f"(no {path}): {_build_hint(entry)}")
         try:
             built = json.loads((lib_dir() / INDEX).read_text()).get(self.name, {})
@@ -78,5 +78,6 @@ class Kernel:
 def load_kernel(name: str) -> Kernel:
     manifest = load_manifest()
     if name not in manifest["kernels"]:
-        raise BuildError(f"kernel {name} is not in generated/manifest.json; run `python build.py`")
+        raise BuildError(f"kernel {name} is not in the kernel manifest; declare it in a spec and run "
+                         f"{build_command()}")
     return Kernel(manifest["kernels"][name])

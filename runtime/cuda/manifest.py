@@ -1,4 +1,13 @@
-"""Where the runtime finds generated/manifest.json and the built libraries (the only contract with codegen)."""
+"""Where the runtime finds the kernel manifest and the built libraries (its only contract with codegen).
+
+Two install styles, one rule each:
+- from a source checkout (`pip install -e .`, or the checkout on sys.path), the manifest is the checkout's
+  generated/manifest.json;
+- from a regular install (`pip install .`), it is the copy packaged with fp4gen (fp4gen/generated/).
+Either way the libraries are where `python build.py` publishes them: $FP4GEN_LIB_DIR, else lib/ under the
+build cache ($FP4GEN_CACHE_DIR, default ~/.cache/fp4gen). Both are outside the package, so a regular install
+finds libraries built from its checkout.
+"""
 from __future__ import annotations
 
 import functools
@@ -6,14 +15,27 @@ import json
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # runtime/cuda/manifest.py -> repository root
-MANIFEST_PATH = REPO_ROOT / "generated" / "manifest.json"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # fp4gen/ (runtime/ in a checkout)
+CHECKOUT = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "build.py").is_file() else None
+MANIFEST_PATH = (CHECKOUT or PACKAGE_DIR) / "generated" / "manifest.json"
 INDEX = "index.json"
 
 
 def lib_dir() -> Path:
-    """Built libraries: $FP4GEN_LIB_DIR, else build/lib of this checkout (where build.py publishes)."""
-    return Path(os.environ.get("FP4GEN_LIB_DIR") or REPO_ROOT / "build" / "lib")
+    """Built libraries: $FP4GEN_LIB_DIR, else lib/ in the build cache (where build.py publishes)."""
+    if os.environ.get("FP4GEN_LIB_DIR"):
+        return Path(os.environ["FP4GEN_LIB_DIR"]).expanduser()
+    cache = os.environ.get("FP4GEN_CACHE_DIR") or Path.home() / ".cache" / "fp4gen"
+    return Path(cache).expanduser() / "lib"
+
+
+def build_command(arch: str | None = None) -> str:
+    """The command that builds the kernels, phrased for this install style."""
+    command = "python build.py" + (f" --arch {arch}" if arch else "")
+    if CHECKOUT is not None:
+        return f"`{command}` in {CHECKOUT}"
+    return (f"`{command}` in the fp4gen source checkout this package was installed from (at the same version; "
+            f"after changing the checkout, `pip install .` there again)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -23,5 +45,8 @@ def load_manifest(path: Path = MANIFEST_PATH) -> dict:
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise BuildError(f"cannot read the kernel manifest {path} ({exc}); run `python build.py` in "
-                         f"{REPO_ROOT}") from None
+        if CHECKOUT is not None:
+            fix = f"run `python build.py --render-only` in {CHECKOUT}"
+        else:
+            fix = "reinstall fp4gen from its source checkout (`pip install .` there)"
+        raise BuildError(f"cannot read the kernel manifest {path} ({exc}); {fix}") from None

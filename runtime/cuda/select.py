@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..errors import BuildError
+from .manifest import build_command
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ def select(problem: Problem, manifest: dict) -> str:
                   and all(k["torch_dtypes"].get(axis) == v for axis, v in problem.dtypes.items())
                   and all(k["values"].get(axis) == v for axis, v in problem.values.items())]
     if not candidates:
-        raise BuildError(f"no kernel in generated/manifest.json implements {problem.describe()}: declare it in a "
-                         f"spec under codegen/specs/ and run `python build.py` (backend='reference' runs anywhere)")
+        raise BuildError(f"no kernel in the kernel manifest implements {problem.describe()}: declare it in a spec "
+                         f"under codegen/specs/ and run {build_command()} (backend='reference' runs anywhere)")
     reasons = []
     for kernel in sorted(candidates, key=lambda k: _rank(k, problem)):
         violations = _rule_violations(kernel, problem)
