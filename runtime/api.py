@@ -41,6 +41,18 @@ def _cuda_backend():
     return cuda
 
 
+def _block_pair(block) -> tuple:
+    """block as a tuple of two ints, one of BLOCKS; anything else is a clear error (a string such as "1x16"
+    is not a pair, and bools or floats are not sizes)."""
+    if (not isinstance(block, (tuple, list)) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) for b in block)):
+        raise TypeError(f"block must be a pair of ints, (1, 16) or (16, 16), got {block!r}")
+    block = tuple(block)
+    if block not in BLOCKS:
+        raise ValueError(f"block={block} is not supported; choose (1, 16) or (16, 16)")
+    return block
+
+
 def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool = True,
              columnwise: bool = True, backend: str | None = None) -> NVFP4Tensor:
     """Quantize x [..., K] (flattened to [M, K]) to NVFP4.
@@ -55,15 +67,13 @@ def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool
         raise TypeError(f"x.dtype is {x.dtype}; fp4gen.quantize takes {_names(INPUT_DTYPES)}")
     if scaling not in SCALINGS:
         raise ValueError(f"scaling={scaling!r} is not supported; choose one of {', '.join(map(repr, SCALINGS))}")
-    try:
-        block = tuple(int(b) for b in block)
-    except TypeError:
-        raise TypeError(f"block must be a pair such as (1, 16), got {block!r}") from None
-    if block not in BLOCKS:
-        raise ValueError(f"block={block} is not supported; choose (1, 16) or (16, 16)")
+    block = _block_pair(block)
     if block == (16, 16) and scaling == "row":
         raise ValueError("block=(16, 16) needs scaling='tensor': 16x16 tiles share one scale across "
                          "16 rows, so they cannot take a per-row amax")
+    for name, value in (("rowwise", rowwise), ("columnwise", columnwise)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name}={value!r}: it must be True or False")
     if not (rowwise or columnwise):
         raise ValueError("rowwise and columnwise are both False; ask for at least one output")
     if x.dim() == 0:

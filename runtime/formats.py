@@ -1,9 +1,12 @@
 """The NVFP4 containers: one quantized direction (`NVFP4Data`) and a quantized tensor (`NVFP4Tensor`).
 
-Layout (spec/nvfp4-numerics.md sections 1 and 4): an operand of logical shape [rows, cols] holds
+Layout (docs/numerics.md): an operand of logical shape [rows, cols] holds
   data   uint8 [rows, cols/2]          E2M1 codes, element 2j in the low nibble of byte j
   scale  float8_e4m3fn [rows, cols/16] one decode scale per 16 consecutive elements of a row (compact)
   amax   float32 [rows] or [1]         second-level amax: per row (row-scaled) or per tensor
+
+Both containers pickle as a constructor call on their tensors, and fp4gen registers them with
+torch.serialization, so `torch.load(path, weights_only=True)` loads them once fp4gen is imported.
 """
 from __future__ import annotations
 
@@ -88,6 +91,22 @@ class NVFP4Data:
         """True when amax holds one value per row (a one-row operand counts as per-tensor)."""
         return self.amax.shape[0] != 1
 
+    def to(self, device, non_blocking: bool = False) -> "NVFP4Data":
+        """The same operand with its three tensors on `device` (self when they are there already)."""
+        device = torch.device(device)
+        if self.data.device == device:
+            return self
+        return NVFP4Data(*(t.to(device, non_blocking=non_blocking) for t in (self.data, self.scale, self.amax)))
+
+    def __reduce__(self):
+        # a constructor call on three tensors: the weights_only unpickler accepts it for a registered class
+        return (NVFP4Data, (self.data, self.scale, self.amax))
+
+    def __repr__(self) -> str:
+        rows, cols = self.shape
+        amax = f"per row [{rows}]" if self.row_scaled else "per tensor [1]"
+        return f"NVFP4Data(shape=[{rows}, {cols}], amax {amax}, device={self.device})"
+
 
 @dataclass(frozen=True, eq=False)
 class NVFP4Tensor:
@@ -99,3 +118,22 @@ class NVFP4Tensor:
     dtype: torch.dtype  # dtype of the original input
     scaling: str  # "row" or "tensor"
     block: tuple  # (1, 16) or (16, 16)
+
+    def to(self, device, non_blocking: bool = False) -> "NVFP4Tensor":
+        """The same tensor with both copies on `device`."""
+        move = (lambda op: op.to(device, non_blocking) if op is not None else None)
+        return NVFP4Tensor(move(self.rowwise), move(self.columnwise), self.shape, self.dtype, self.scaling,
+                           self.block)
+
+    def __reduce__(self):
+        return (NVFP4Tensor, (self.rowwise, self.columnwise, self.shape, self.dtype, self.scaling, self.block))
+
+    def __repr__(self) -> str:
+        copies = [name for name in ("rowwise", "columnwise") if getattr(self, name) is not None]
+        device = (self.rowwise or self.columnwise).device
+        dtype = str(self.dtype).replace("torch.", "")
+        return (f"NVFP4Tensor(shape={list(self.shape)}, from {dtype}, scaling={self.scaling!r}, "
+                f"block={self.block}, copies={'+'.join(copies)}, device={device})")
+
+
+torch.serialization.add_safe_globals([NVFP4Data, NVFP4Tensor])

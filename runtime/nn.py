@@ -1,4 +1,4 @@
-"""fp4gen.nn.Linear: a torch.nn.Linear whose fprop, dgrad and wgrad GEMMs run in NVFP4 (design.md section 2).
+"""fp4gen.nn.Linear: a torch.nn.Linear whose fprop, dgrad and wgrad GEMMs run in NVFP4.
 
     fprop  Y  = X Wᵀ   X rowwise (row-scaled)        x  W rowwise (per tensor)
     dgrad  dX = dY W   dY rowwise (per tensor)       x  W columnwise
@@ -9,6 +9,11 @@ The quantized weight is cached while the weight is unchanged: the cache key hold
 counter (bumped by every in-place update through the parameter) and a count of optimizer steps taken in
 the process, because FSDP2 refills an unsharded weight after an optimizer step without bumping its
 version counter.
+
+Under torch.autocast the layer computes in the autocast dtype, as torch.nn.Linear does: the input is cast
+to it, the output has it, and the bias is added in it. The weight is quantized from its own values (fp32
+master weights give their fp32 values to the quantizer, not a bf16 rounding of them), and the weight and
+bias gradients come back in the parameters' dtypes.
 """
 from __future__ import annotations
 
@@ -20,6 +25,11 @@ from .formats import BLOCK
 from .recipe import Recipe
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
+PARAM_DTYPES = tuple(GEMM_OUT)  # what the quantize kernels read
+
+
+def _dtype_names(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
 
 # Every optimizer step in the process, whatever the optimizer, invalidates cached weight quantizations.
 # The version counter alone misses weights that a wrapper refreshes with the counter preserved (FSDP2's
@@ -47,15 +57,17 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         y = ops.gemm(*q[:3], *w_row, GEMM_OUT[x2d.dtype])
         if bias is not None:
             # PyTorch adds 16-bit tensors in fp32 and rounds once, so this is the fp32 sum rounded to the
-            # output dtype, without materializing an fp32 copy of Y
-            y = y + bias
+            # output dtype, without materializing an fp32 copy of Y. Under autocast an fp32 bias is first
+            # rounded to the compute dtype, as torch.nn.Linear's autocast cast does.
+            y = y + bias.to(y.dtype)
         # Convert only when needed: a no-op .to() returns its input, and PyTorch 2.11's compile of an
         # autograd.Function whose output aliases an intermediate sends the gradient to the wrong output
         # (zero weight gradients; pytorch/pytorch#180642).
         if y.dtype != x2d.dtype:
             y = y.to(x2d.dtype)
         ctx.save_for_backward(*q[3:], *w_col)  # NVFP4 copies only; X's are empty without wgrad
-        ctx.has_bias, ctx.main_grad, ctx.x_dtype, ctx.need_wgrad = bias is not None, main_grad, x2d.dtype, need_wgrad
+        ctx.main_grad, ctx.x_dtype, ctx.need_wgrad = main_grad, x2d.dtype, need_wgrad
+        ctx.w_dtype, ctx.bias_dtype = weight.dtype, bias.dtype if bias is not None else None
         ctx.needs_x_grad = ctx.needs_input_grad[0]
         return y
 
@@ -73,11 +85,20 @@ class _NVFP4LinearFunction(torch.autograd.Function):
             if ctx.need_wgrad:  # wgrad: (dY columnwise = dYᵀ [N, M]) x (X columnwise = Xᵀ [K, M])
                 if ctx.main_grad is not None:  # fp32 main-grad accumulation inside the GEMM epilogue
                     ops.gemm_accumulate(ctx.main_grad, *q[3:], *x_col)
-                else:  # the weight has the input's dtype (Linear.forward checks)
-                    dw = ops.gemm(*q[3:], *x_col, torch.float32).to(ctx.x_dtype)
-        if ctx.has_bias:
-            db = dy.sum(0, dtype=torch.float32).to(ctx.x_dtype)  # fp32 accumulation, no fp32 copy of dY
+                else:  # in the weight's dtype: fp32 master weights under autocast get fp32 gradients
+                    dw = ops.gemm(*q[3:], *x_col, torch.float32).to(ctx.w_dtype)
+        if ctx.bias_dtype is not None:
+            db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)  # fp32 accumulation, no fp32 copy of dY
         return dx, dw, db, None, None, None, None, None
+
+
+def _autocast_dtype(x: torch.Tensor):
+    """The dtype torch.autocast computes a linear layer in for x, or None outside autocast (autocast leaves
+    float64 and non-float tensors alone)."""
+    device_type = x.device.type
+    if not torch.is_autocast_enabled(device_type) or x.dtype not in PARAM_DTYPES:
+        return None
+    return torch.get_autocast_dtype(device_type)
 
 
 class Linear(torch.nn.Linear):
@@ -85,7 +106,11 @@ class Linear(torch.nn.Linear):
 
     in_features and out_features must be multiples of 16 (NVFP4 blocks along both weight dimensions);
     in training, the number of tokens (the input flattened to [tokens, in_features]) must be a
-    multiple of 16 too, because wgrad contracts over tokens in 16-element blocks.
+    multiple of 16 too, because wgrad contracts over tokens in 16-element blocks. Parameters are
+    bfloat16, float16 or float32.
+
+    Under torch.autocast the input is cast to the autocast dtype and the output has that dtype, as with
+    torch.nn.Linear; outside autocast the input's dtype must equal the parameters'.
 
     accumulate_main_grad=True adds the weight gradient into `weight.main_grad` (an fp32 tensor you
     attach) inside the wgrad GEMM instead of producing `weight.grad`.
@@ -101,10 +126,41 @@ class Linear(torch.nn.Linear):
             if value % BLOCK:
                 raise ValueError(f"{name}={value}: fp4gen.nn.Linear needs a multiple of {BLOCK} (NVFP4 blocks "
                                  f"run along both weight dimensions)")
+        param_dtype = dtype if dtype is not None else torch.get_default_dtype()
+        if param_dtype not in PARAM_DTYPES:
+            raise ValueError(f"dtype={param_dtype}: fp4gen.nn.Linear keeps its parameters in "
+                             f"{_dtype_names(PARAM_DTYPES)}")
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._init_nvfp4(recipe, accumulate_main_grad)
+
+    def _init_nvfp4(self, recipe, accumulate_main_grad) -> None:
+        """The state this class adds to torch.nn.Linear's (also set by fp4gen.convert on a converted layer)."""
+        if recipe is not None and not isinstance(recipe, Recipe):
+            raise TypeError(f"recipe must be an fp4gen.Recipe or None, got {type(recipe).__name__} {recipe!r}; "
+                            f"for example recipe=fp4gen.Recipe(row_scaled_activation=True)")
+        if not isinstance(accumulate_main_grad, bool):
+            raise TypeError(f"accumulate_main_grad must be True or False, got {accumulate_main_grad!r}")
         self.recipe = recipe if recipe is not None else Recipe()
         self.accumulate_main_grad = accumulate_main_grad
         self._weight_cache = None  # (key, rowwise, columnwise)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, recipe: Recipe | None = None) -> "Linear":
+        """A new fp4gen.nn.Linear that shares `linear`'s weight and bias parameters (the same objects, so an
+        optimizer over them keeps working) and its training mode. `linear` itself is left as it is."""
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(f"from_linear takes a torch.nn.Linear, got {type(linear).__name__}")
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, recipe=recipe,
+                    device="meta", dtype=linear.weight.dtype)
+        layer.weight, layer.bias = linear.weight, linear.bias
+        return layer.train(linear.training)
+
+    def to_linear(self) -> torch.nn.Linear:
+        """A torch.nn.Linear that shares this layer's weight and bias parameters and training mode."""
+        linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta",
+                                 dtype=self.weight.dtype)
+        linear.weight, linear.bias = self.weight, self.bias
+        return linear.train(self.training)
 
     def clear_weight_cache(self) -> None:
         """Forget the quantized weight, so the next forward quantizes the weight again."""
@@ -126,13 +182,29 @@ class Linear(torch.nn.Linear):
             self._weight_cache = (key, q[:3], q[3:])
         return self._weight_cache[1], self._weight_cache[2]
 
+    def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype the GEMMs take X in and Y comes out in: autocast's, else x's, which must then be the
+        parameters' dtype."""
+        if self.weight.dtype not in PARAM_DTYPES:  # e.g. after .double()
+            raise TypeError(f"the layer's parameters are {self.weight.dtype}; fp4gen.nn.Linear quantizes "
+                            f"{_dtype_names(PARAM_DTYPES)} weights")
+        autocast = _autocast_dtype(x)
+        if autocast is not None:
+            if autocast not in PARAM_DTYPES:
+                raise TypeError(f"torch.autocast computes in {autocast} here; fp4gen.nn.Linear takes "
+                                f"{_dtype_names(PARAM_DTYPES)}")
+            return autocast
+        if x.dtype != self.weight.dtype:
+            raise TypeError(f"input dtype {x.dtype} differs from the layer's parameters ({self.weight.dtype}); "
+                            f"outside torch.autocast they must agree: cast the input, or run the model under "
+                            f"torch.autocast")
+        return x.dtype
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features in its last dimension; this layer takes "
                              f"in_features={self.in_features}")
-        if x.dtype != self.weight.dtype:
-            raise TypeError(f"input dtype {x.dtype} differs from the layer's parameters ({self.weight.dtype})")
-        x2d = x.reshape(-1, self.in_features)
+        x2d = x.reshape(-1, self.in_features).to(self._compute_dtype(x))  # autocast's cast, differentiable
         tokens = x2d.shape[0]
         need_wgrad = torch.is_grad_enabled() and self.weight.requires_grad
         if need_wgrad and tokens % BLOCK:

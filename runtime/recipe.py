@@ -1,4 +1,4 @@
-"""How fp4gen.nn.Linear quantizes each tensor it multiplies (design.md section 2)."""
+"""How fp4gen.nn.Linear quantizes each tensor it multiplies (docs/recipes.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

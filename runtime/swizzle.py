@@ -1,5 +1,5 @@
 """The 128x4 swizzled block-scale layout that Blackwell's block-scaled MMA (and cuBLAS) read
-(spec/nvfp4-numerics.md 4.3). Plain PyTorch, so it runs on any device and is tested on CPU."""
+(docs/numerics.md, scale layouts). Plain PyTorch, so it runs on any device and is tested on CPU."""
 from __future__ import annotations
 
 import torch

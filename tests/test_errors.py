@@ -21,6 +21,10 @@ QUANTIZE_CASES = [
     (lambda: fp4gen.quantize(torch.zeros(16, 16), scaling="channel"), ValueError, ["scaling='channel'", "'row'"]),
     (lambda: fp4gen.quantize(torch.zeros(16, 16), block=(1, 32)), ValueError, ["block=(1, 32)", "(1, 16)"]),
     (lambda: fp4gen.quantize(torch.zeros(16, 16), block=16), TypeError, ["block", "16"]),
+    (lambda: fp4gen.quantize(torch.zeros(16, 16), block="1x16"), TypeError, ["block", "pair", "'1x16'"]),
+    (lambda: fp4gen.quantize(torch.zeros(16, 16), block=(1.0, 16.0)), TypeError, ["block", "(1.0, 16.0)"]),
+    (lambda: fp4gen.quantize(torch.zeros(16, 16), rowwise="no"), TypeError, ["rowwise='no'", "True or False"]),
+    (lambda: fp4gen.quantize(torch.zeros(16, 16), columnwise=1), TypeError, ["columnwise=1", "True or False"]),
     (lambda: fp4gen.quantize(torch.zeros(16, 16), scaling="row", block=(16, 16)), ValueError,
      ["block=(16, 16)", "scaling='tensor'"]),
     (lambda: fp4gen.quantize(torch.zeros(16, 16), rowwise=False, columnwise=False), ValueError, ["rowwise", "columnwise"]),
@@ -90,3 +94,28 @@ def test_env_backend_override_is_validated(monkeypatch):
         fp4gen.quantize(torch.zeros(16, 16))
     monkeypatch.setenv("FP4GEN_BACKEND", "reference")
     assert fp4gen.quantize(torch.zeros(16, 16)).rowwise is not None
+
+
+MODULE_CASES = [
+    (lambda: fp4gen.nn.Linear(32, 16, recipe={"row_scaled_activation": True}), TypeError,
+     ["recipe must be an fp4gen.Recipe", "dict"]),
+    (lambda: fp4gen.nn.Linear(32, 16, dtype=torch.float64), ValueError, ["dtype=torch.float64", "bfloat16"]),
+    (lambda: fp4gen.nn.Linear(32, 16, dtype=torch.int8), ValueError, ["dtype=torch.int8"]),
+    (lambda: fp4gen.nn.Linear(32, 16, accumulate_main_grad="yes"), TypeError, ["accumulate_main_grad", "'yes'"]),
+    (lambda: fp4gen.Recipe(weight_block="16x16"), ValueError, ["weight_block='16x16'"]),
+    (lambda: fp4gen.nn.Linear(32, 16).double()(torch.randn(16, 32, dtype=torch.float64)), TypeError,
+     ["parameters are torch.float64"]),
+    (lambda: fp4gen.nn.Linear(32, 16)(torch.randn(16, 32, dtype=torch.bfloat16)), TypeError,
+     ["bfloat16", "float32", "torch.autocast"]),
+]
+
+
+@pytest.mark.parametrize("call,error,fragments", MODULE_CASES)
+def test_bad_module_arguments_raise_at_construction_or_call(call, error, fragments):
+    test_bad_input_raises_with_a_message_that_names_it(call, error, fragments)
+
+
+def test_rowwise_and_columnwise_accept_bools():
+    q = fp4gen.quantize(torch.randn(16, 32), rowwise=True, columnwise=False)
+    assert q.rowwise is not None and q.columnwise is None
+    assert fp4gen.quantize(torch.randn(16, 32), block=[1, 16]).block == (1, 16)

@@ -20,7 +20,7 @@ def rel(a, b):
 
 
 def emulate(layer, x2d, dy2d):
-    """y, dX, dW, db of the NVFP4 recipe: the three GEMMs of design.md section 2 in float64, from operands
+    """y, dX, dW, db of the NVFP4 recipe: the three training GEMMs (docs/numerics.md) in float64, from operands
     quantized by the reference backend (on the inputs' device)."""
     recipe = layer.recipe
     qx = fp4gen.quantize(x2d, scaling=recipe.activation_scaling, backend="reference")

@@ -1,4 +1,4 @@
-"""The 128x4 scale swizzle against the spec's offset formula (spec/nvfp4-numerics.md 4.3)."""
+"""The 128x4 scale swizzle against the layout's offset formula (docs/numerics.md, scale layouts)."""
 import pytest
 import torch
 

@@ -63,7 +63,7 @@ def test_gemm_into_unaligned_out_and_tail_n():
 
 
 def test_training_gemms_from_both_quantize_directions():
-    # design.md section 2: fprop X W^T, dgrad dY W, wgrad dY^T X with real quantize outputs
+    # the training GEMMs: fprop X W^T, dgrad dY W, wgrad dY^T X with real quantize outputs
     torch.manual_seed(0)
     m, k, n = 512, 384, 256  # tokens, in features, out features
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
