@@ -1,4 +1,4 @@
-"""Dequantize on the current GPU against the baselines of design.md section 6.
+"""Dequantize on the current GPU against a device-to-device copy (the memory roofline) and torch.compile.
 
 For each shape and output dtype it prints: the fp4gen time, the bytes it must move (NVFP4 data, scales
 and amax read, output written) over that time, a device-to-device copy of the same number of bytes

@@ -1,4 +1,4 @@
-"""fp4gen.gemm on the current GPU against the baselines of design.md section 6.
+"""fp4gen.gemm on the current GPU against cuBLAS bf16 and a compiled dequantize-then-matmul.
 
 For each (M, N, K): fp4gen.gemm (the whole call: for M <= 128 the fused kernel that reads the packed
 operands, else operand dequantization to block-scaled bf16 scratch plus the wgmma GEMM; both with the

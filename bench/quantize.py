@@ -1,4 +1,4 @@
-"""fp4gen.quantize on the current GPU against the baselines of design.md section 6.
+"""fp4gen.quantize on the current GPU against a device-to-device copy (the memory roofline) and torch.compile.
 
 For each shape and mode it prints: the time of the whole call (row scaling with a rowwise copy: the row pass,
 then the columnwise-only quantize kernel; otherwise the amax pass, then the quantize kernel) called eagerly

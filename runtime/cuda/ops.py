@@ -87,9 +87,9 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, o
 # amax, rowwise copy and per-column amax from one DRAM read of each row panel: encoded from registers for
 # 16-bit rows of up to 8192 elements, read a second time from cache otherwise) and then, for a columnwise copy,
 # the columnwise-only quantize kernel, where that beat the amax pass plus the quantize kernel on the H200
-# (bench/quantize.py --paths, bench/RESULTS.md, session 6): with both copies for rows of up to 32 KB (64 and
-# 128 KB rows lost, 0.77-0.90x: we take it that a CTA's panels then no longer stay in L1 for the second read);
-# with the rowwise copy alone for every width measured, up to 128 KB rows.
+# (bench/quantize.py --paths, bench/RESULTS.md, 08b4160, 2026-11-30): with both copies for rows of up to 32 KB
+# (64 and 128 KB rows lost, 0.77-0.90x: we take it that a CTA's panels then no longer stay in L1 for the second
+# read); with the rowwise copy alone for every width measured, up to 128 KB rows.
 # 0 turns the row pass off.
 ROW_PASS_MAX_ROW_BYTES = 32 * 1024
 ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES = 128 * 1024
