@@ -14,7 +14,6 @@ Each rule is a named check below that raises SpecError(file, key path, reason); 
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,6 @@ REQUIRED_KEYS = ("family", "axes")
 @dataclass(frozen=True)
 class KernelSpec:
     file: str  # path as shown in messages and generated headers (relative to the repository)
-    sha256: str  # of the YAML bytes (for tools; no kernel's source or cache key depends on it)
     family: Family
     description: str
     axes: tuple  # ((axis, (value, ...)), ...) in the family's axis order
@@ -127,7 +125,7 @@ def load_spec(path: Path, shown_as: str | None = None) -> KernelSpec:
         raise SpecError(file, "description", f"must be a string, got {description!r}")
     axes = _check_axes(file, family, node["axes"])
     exclude = _check_exclude(file, family, node.get("exclude", []))
-    spec = KernelSpec(file, hashlib.sha256(raw).hexdigest(), family, description, axes, exclude)
+    spec = KernelSpec(file, family, description, axes, exclude)
     if not expand(spec):
         family_rules = "; ".join(why for _, why in family.excluded)
         raise SpecError(file, "axes", "every combination of axes is excluded, so the spec declares no kernel"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import fp4gen.cuda.manifest as manifest
+from conftest import load_build_py
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +73,7 @@ def test_lib_dir_rule(monkeypatch, tmp_path):
 
 
 def test_build_py_and_the_runtime_agree_on_the_lib_dir(monkeypatch, tmp_path):
-    import build
+    build = load_build_py()
     for env in ({"FP4GEN_CACHE_DIR": str(tmp_path / "c")}, {"FP4GEN_LIB_DIR": str(tmp_path / "l")}, {}):
         monkeypatch.delenv("FP4GEN_LIB_DIR", raising=False)
         monkeypatch.delenv("FP4GEN_CACHE_DIR", raising=False)
