@@ -95,10 +95,11 @@ class _NVFP4LinearFunction(torch.autograd.Function):
 def _autocast_dtype(x: torch.Tensor):
     """The dtype torch.autocast computes a linear layer in for x, or None outside autocast (autocast leaves
     float64 and non-float tensors alone)."""
-    device_type = x.device.type
-    if not torch.is_autocast_enabled(device_type) or x.dtype not in PARAM_DTYPES:
+    if x.device.type not in ("cuda", "cpu") or x.dtype not in PARAM_DTYPES:  # other device types may have none
         return None
-    return torch.get_autocast_dtype(device_type)
+    if not torch.is_autocast_enabled(x.device.type):
+        return None
+    return torch.get_autocast_dtype(x.device.type)
 
 
 class Linear(torch.nn.Linear):

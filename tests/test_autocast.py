@@ -105,3 +105,10 @@ def test_bf16_parameters_under_autocast_need_no_cast():
         y = layer(x)
     assert y.dtype == torch.bfloat16
     assert torch.equal(y, layer(x.to(torch.bfloat16)))
+
+
+def test_device_types_without_autocast_still_run():
+    # meta tensors (deferred initialization, shape inference) have no autocast state to ask about
+    layer = fp4gen.nn.Linear(32, 16, device="meta")
+    with torch.no_grad():
+        assert layer(torch.randn(16, 32, device="meta")).shape == (16, 16)
