@@ -17,7 +17,7 @@ BLOCKS = ((1, 16), (16, 16))
 BACKENDS = ("reference", "cuda")
 
 
-def _names(dtypes) -> str:
+def dtype_names(dtypes) -> str:
     return ", ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
@@ -64,7 +64,7 @@ def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
-        raise TypeError(f"x.dtype is {x.dtype}; fp4gen.quantize takes {_names(INPUT_DTYPES)}")
+        raise TypeError(f"x.dtype is {x.dtype}; fp4gen.quantize takes {dtype_names(INPUT_DTYPES)}")
     if scaling not in SCALINGS:
         raise ValueError(f"scaling={scaling!r} is not supported; choose one of {', '.join(map(repr, SCALINGS))}")
     block = _block_pair(block)
@@ -104,7 +104,7 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype = torch.bfloat16,
     """Decode an NVFP4 operand to a [rows, cols] tensor of `dtype` (bfloat16, float16 or float32)."""
     operand = _require_operand("operand", operand)
     if dtype not in DEQUANTIZE_DTYPES:
-        raise TypeError(f"dtype={dtype}; fp4gen.dequantize produces {_names(DEQUANTIZE_DTYPES)}")
+        raise TypeError(f"dtype={dtype}; fp4gen.dequantize produces {dtype_names(DEQUANTIZE_DTYPES)}")
     name = choose_backend(operand.device, backend)
     impl = reference if name == "reference" else _cuda_backend()
     return impl.dequantize(operand, dtype)
@@ -142,7 +142,7 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype | None = None, out: 
         raise ValueError("accumulate=True adds into `out`, but out is None; pass the tensor to add into")
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     if out_dtype not in GEMM_OUT_DTYPES:
-        raise TypeError(f"out_dtype is {out_dtype}; fp4gen.gemm produces {_names(GEMM_OUT_DTYPES)}")
+        raise TypeError(f"out_dtype is {out_dtype}; fp4gen.gemm produces {dtype_names(GEMM_OUT_DTYPES)}")
     name = choose_backend(a.device, backend)
     impl = reference if name == "reference" else _cuda_backend()
     return impl.gemm(a, b, out_dtype, out, accumulate)

@@ -21,15 +21,12 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import torch_ops
+from .api import INPUT_DTYPES, dtype_names
 from .formats import BLOCK
 from .recipe import Recipe
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
-PARAM_DTYPES = tuple(GEMM_OUT)  # what the quantize kernels read
-
-
-def _dtype_names(dtypes) -> str:
-    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+PARAM_DTYPES = INPUT_DTYPES  # the parameters are quantized as they are
 
 # Every optimizer step in the process, whatever the optimizer, invalidates cached weight quantizations.
 # The version counter alone misses weights that a wrapper refreshes with the counter preserved (FSDP2's
@@ -130,7 +127,7 @@ class Linear(torch.nn.Linear):
         param_dtype = dtype if dtype is not None else torch.get_default_dtype()
         if param_dtype not in PARAM_DTYPES:
             raise ValueError(f"dtype={param_dtype}: fp4gen.nn.Linear keeps its parameters in "
-                             f"{_dtype_names(PARAM_DTYPES)}")
+                             f"{dtype_names(PARAM_DTYPES)}")
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self._init_nvfp4(recipe, accumulate_main_grad)
 
@@ -188,12 +185,12 @@ class Linear(torch.nn.Linear):
         parameters' dtype."""
         if self.weight.dtype not in PARAM_DTYPES:  # e.g. after .double()
             raise TypeError(f"the layer's parameters are {self.weight.dtype}; fp4gen.nn.Linear quantizes "
-                            f"{_dtype_names(PARAM_DTYPES)} weights")
+                            f"{dtype_names(PARAM_DTYPES)} weights")
         autocast = _autocast_dtype(x)
         if autocast is not None:
             if autocast not in PARAM_DTYPES:
                 raise TypeError(f"torch.autocast computes in {autocast} here; fp4gen.nn.Linear takes "
-                                f"{_dtype_names(PARAM_DTYPES)}")
+                                f"{dtype_names(PARAM_DTYPES)}")
             return autocast
         if x.dtype != self.weight.dtype:
             raise TypeError(f"input dtype {x.dtype} differs from the layer's parameters ({self.weight.dtype}); "
