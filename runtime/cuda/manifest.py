@@ -16,7 +16,9 @@ import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # fp4gen/ (runtime/ in a checkout)
-CHECKOUT = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "build.py").is_file() else None
+# a checkout holds build.py and the specs beside the package; site-packages does not
+CHECKOUT = PACKAGE_DIR.parent if ((PACKAGE_DIR.parent / "build.py").is_file()
+                                  and (PACKAGE_DIR.parent / "codegen" / "specs").is_dir()) else None
 MANIFEST_PATH = (CHECKOUT or PACKAGE_DIR) / "generated" / "manifest.json"
 INDEX = "index.json"
 
