@@ -10,8 +10,8 @@
 
 Compiled libraries live in a content-hash cache ($FP4GEN_CACHE_DIR, default ~/.cache/fp4gen), so an
 unchanged kernel is never rebuilt; the libraries a build selects are published to the lib dir
-($FP4GEN_LIB_DIR, default lib/ in the cache dir), where the runtime loads them. Runs from any directory. Needs nvcc and the build
-extra (pip install -e ".[build]": jinja2, pyyaml, ninja, nvidia-cutlass).
+($FP4GEN_LIB_DIR, default lib/ in the cache dir), where the runtime loads them. Runs from any directory.
+Needs nvcc and the build extra (pip install -e ".[build]": jinja2, pyyaml, ninja, nvidia-cutlass).
 """
 from __future__ import annotations
 
