@@ -1,6 +1,6 @@
 """fp4gen: generated NVFP4 kernels for row-scaled low-precision training.
 
-Public API: quantize, dequantize, gemm, NVFP4Tensor, NVFP4Data, Recipe, nn.Linear, convert, unconvert,
+Public API: quantize, dequantize, gemm, NVFP4Tensor, NVFP4Data, Recipe, RNGState, nn.Linear, convert, unconvert,
 ConversionReport, BuildError, KernelError. docs/api.md in the source tree describes each.
 """
 from importlib import metadata as _metadata
@@ -11,11 +11,12 @@ from .convert import ConversionReport, convert, unconvert
 from .errors import BuildError, KernelError
 from .formats import NVFP4Data, NVFP4Tensor
 from .recipe import Recipe
+from .rng import RNGState
 
 try:
     __version__ = _metadata.version("fp4gen")
 except _metadata.PackageNotFoundError:  # imported from a source tree that was never pip-installed
     __version__ = "0+unknown"
 
-__all__ = ["quantize", "dequantize", "gemm", "NVFP4Data", "NVFP4Tensor", "Recipe", "nn", "convert", "unconvert",
+__all__ = ["quantize", "dequantize", "gemm", "NVFP4Data", "NVFP4Tensor", "Recipe", "RNGState", "nn", "convert", "unconvert",
            "ConversionReport", "BuildError", "KernelError", "__version__"]

@@ -8,6 +8,8 @@ import torch
 
 from . import reference
 from .formats import BLOCK, NVFP4Data, NVFP4Tensor
+from .options import FOUR_OVER_SIX_MODES, ROUNDINGS, QuantizeOptions
+from .rng import RNGState
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEQUANTIZE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -53,13 +55,48 @@ def _block_pair(block) -> tuple:
     return block
 
 
+def _options(x: torch.Tensor, block: tuple, columnwise: bool, rounding, rng, hadamard,
+             four_over_six) -> QuantizeOptions:
+    """The validated per-call options; rng resolved to a state on x's device when rounding is stochastic."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding={rounding!r} is not supported; choose one of {', '.join(map(repr, ROUNDINGS))}")
+    if rng is not None and not isinstance(rng, RNGState):
+        raise TypeError(f"rng must be an fp4gen.RNGState or None, got {type(rng).__name__}")
+    if rounding == "stochastic":
+        rng = rng if rng is not None else RNGState.default(x.device)
+        if rng.device != x.device:
+            raise ValueError(f"rng is on {rng.device} but x is on {x.device}; the state must be on x's device")
+    elif rng is not None:
+        raise ValueError("rng is given but rounding='nearest' draws no random bits; pass rounding='stochastic'")
+    if not isinstance(hadamard, bool):
+        raise TypeError(f"hadamard={hadamard!r}: it must be True or False")
+    if hadamard and block == (16, 16):
+        raise ValueError("hadamard=True transforms activations and gradients (1x16 blocks), not 16x16 weights")
+    if hadamard and not columnwise:
+        raise ValueError("hadamard=True applies to the columnwise copy only; ask for it with columnwise=True")
+    if four_over_six not in FOUR_OVER_SIX_MODES:
+        raise ValueError(f"four_over_six={four_over_six!r} is not supported; choose None, 'mae' or 'mse'")
+    if four_over_six is not None and rounding == "stochastic":
+        raise ValueError("four_over_six chooses between two round-to-nearest candidates per block; it cannot "
+                         "be combined with rounding='stochastic'")
+    return QuantizeOptions(rounding, rng, hadamard, four_over_six)
+
+
 def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool = True,
-             columnwise: bool = True, backend: str | None = None) -> NVFP4Tensor:
+             columnwise: bool = True, backend: str | None = None, *, rounding: str = "nearest",
+             rng: RNGState | None = None, hadamard: bool = False,
+             four_over_six: str | None = None) -> NVFP4Tensor:
     """Quantize x [..., K] (flattened to [M, K]) to NVFP4.
 
     scaling: "row" (per-row amax for the rowwise copy, per-column amax for the columnwise copy) or
     "tensor" (one amax). block: (1, 16) or (16, 16) (16x16 tiles, per-tensor scaling only, for weights).
     rowwise gives the quantization of x [M, K]; columnwise that of x.T [K, M].
+
+    rounding: "nearest" or "stochastic" (random bits keyed by rng's seed and offset and the element index;
+    rng None uses the device's default state, fp4gen.RNGState.default). hadamard: quantize the columnwise
+    copy from the 16-point random Hadamard transform of x.T (1x16 blocks), with its own amax. four_over_six:
+    None, "mae" or "mse": each block takes whichever of its map-to-4 and map-to-6 scales errs less; such
+    copies record e4m3_max = 256.
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -86,9 +123,10 @@ def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool
     if (columnwise or block == (16, 16)) and m % BLOCK:
         why = "the columnwise copy blocks 16 rows" if columnwise else "16x16 blocks span 16 rows"
         raise ValueError(f"x flattens to M = {m} rows; M must be a multiple of {BLOCK} because {why}")
+    options = _options(x, block, columnwise, rounding, rng, hadamard, four_over_six)
     name = choose_backend(x.device, backend)
     impl = reference if name == "reference" else _cuda_backend()
-    row, col = impl.quantize(x2d, scaling, block, rowwise, columnwise)
+    row, col = impl.quantize(x2d, scaling, block, rowwise, columnwise, options)
     return NVFP4Tensor(row, col, tuple(x.shape), x.dtype, scaling, block)
 
 

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 import torch
 
 BLOCK = 16  # elements per NVFP4 scale block along a row
+# The largest E4M3 block scale a tensor's encode scale aims at: 448 for every standard tensor, 256 for
+# 4over6 tensors (whose map-to-4 blocks need headroom). Decode and GEMM factors use 6 * e4m3_max.
+E4M3_MAX_VALUES = (448.0, 256.0)
 
 
 def _require_tensor(name: str, value) -> torch.Tensor:
@@ -36,7 +39,8 @@ def _require_inner_contiguous(name: str, t: torch.Tensor) -> None:
 
 @dataclass(frozen=True, eq=False)
 class NVFP4Data:
-    """One K-major NVFP4 operand: `data`, `scale` and `amax` of a [rows, cols] matrix.
+    """One K-major NVFP4 operand: `data`, `scale` and `amax` of a [rows, cols] matrix, and the `e4m3_max`
+    its scales were made for (448, or 256 for 4over6).
 
     Validated on construction, so a user can build one from their own tensors and get a clear error
     for a wrong dtype, shape, amax length or device.
@@ -45,6 +49,7 @@ class NVFP4Data:
     data: torch.Tensor
     scale: torch.Tensor
     amax: torch.Tensor
+    e4m3_max: float = 448.0
 
     def __post_init__(self):
         data = _require_tensor("data", self.data)
@@ -76,6 +81,9 @@ class NVFP4Data:
                                  f"all tensors of an operand must be on one device")
         _require_inner_contiguous("data", data)
         _require_inner_contiguous("scale", scale)
+        if self.e4m3_max not in E4M3_MAX_VALUES:
+            raise ValueError(f"e4m3_max={self.e4m3_max!r}; it must be 448 (standard) or 256 (4over6)")
+        object.__setattr__(self, "e4m3_max", float(self.e4m3_max))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -96,16 +104,18 @@ class NVFP4Data:
         device = torch.device(device)
         if self.data.device == device:
             return self
-        return NVFP4Data(*(t.to(device, non_blocking=non_blocking) for t in (self.data, self.scale, self.amax)))
+        return NVFP4Data(*(t.to(device, non_blocking=non_blocking) for t in (self.data, self.scale, self.amax)),
+                         self.e4m3_max)
 
     def __reduce__(self):
-        # a constructor call on three tensors: the weights_only unpickler accepts it for a registered class
-        return (NVFP4Data, (self.data, self.scale, self.amax))
+        # a constructor call on tensors and a float: the weights_only unpickler accepts it for a registered class
+        return (NVFP4Data, (self.data, self.scale, self.amax, self.e4m3_max))
 
     def __repr__(self) -> str:
         rows, cols = self.shape
         amax = f"per row [{rows}]" if self.row_scaled else "per tensor [1]"
-        return f"NVFP4Data(shape=[{rows}, {cols}], amax {amax}, device={self.device})"
+        e4m3 = "" if self.e4m3_max == 448.0 else f", e4m3_max={self.e4m3_max:g}"
+        return f"NVFP4Data(shape=[{rows}, {cols}], amax {amax}{e4m3}, device={self.device})"
 
 
 @dataclass(frozen=True, eq=False)

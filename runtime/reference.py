@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 
 from .formats import BLOCK, NVFP4Data
+from .hadamard import apply_rht
+from .options import DEFAULT_OPTIONS, QuantizeOptions
 
 FLT_MAX = torch.finfo(torch.float32).max
 E4M3_MAX = 448.0
@@ -90,77 +92,119 @@ def _abs_max_ignore_nan(x: torch.Tensor, dims) -> torch.Tensor:
     return torch.where(torch.isnan(a), torch.zeros_like(a), a).amax(dim=dims)
 
 
-def _encode_blocks(x: torch.Tensor, bamax: torch.Tensor, s_enc: torch.Tensor):
+def _encode_blocks(x: torch.Tensor, bamax: torch.Tensor, s_enc: torch.Tensor, rbytes: torch.Tensor | None = None):
     """Q1D steps 2.2-2.3 for blocks of x.
 
     x: fp32 [..., n, 16] (the elements of each block), bamax: [..., n] block amax,
-    s_enc: broadcastable to bamax, the block's global encode scale. Returns (E4M3 scales [..., n],
-    uint8 codes [..., n, 16]).
+    s_enc: broadcastable to bamax, the block's global encode scale; rbytes: None for round-to-nearest, else
+    each element's random byte (shaped like x) for stochastic rounding. Returns (E4M3 scales [..., n], uint8
+    codes [..., n, 16]).
     """
     dev = x.device
     m = s_enc * _f32(1.0 / 6.0, dev)  # fl(S_enc * fl(1/6))
     sdec = _to_e4m3_satfinite(torch.clamp(bamax * m, max=FLT_MAX))
     s_dec_global = _f32(1.0, dev) / s_enc  # IEEE division
     r = torch.clamp(_f32(1.0, dev) / (sdec.float() * s_dec_global), max=FLT_MAX)  # 1/0 = inf -> FLT_MAX
-    codes = e2m1_encode(x * r.unsqueeze(-1))
-    return sdec, codes
+    y = x * r.unsqueeze(-1)
+    if rbytes is None:
+        return sdec, e2m1_encode(y)
+    from .stochastic import e2m1_encode_stochastic  # here: stochastic.py builds on this module's encoder
+    return sdec, e2m1_encode_stochastic(y, rbytes)
 
 
-def _quantize_1d(x: torch.Tensor, amax: torch.Tensor) -> NVFP4Data:
-    """Rowwise 1x16 quantization of fp32 x [R, C] with amax [R] (row-scaled) or [1] (per-tensor)."""
+def _encode(blocks: torch.Tensor, amax: torch.Tensor, rbytes, four_over_six):
+    """(scales, codes, e4m3_max) of blocks [..., n, B] whose second-level amax broadcasts to [..., n]."""
+    bamax = _abs_max_ignore_nan(blocks, -1)
+    if four_over_six is not None:
+        from .four_over_six import FOUR_OVER_SIX_E4M3_MAX, encode_blocks_4over6  # builds on this module
+        sdec, codes = encode_blocks_4over6(blocks, bamax, amax, four_over_six)
+        return sdec, codes, FOUR_OVER_SIX_E4M3_MAX
+    sdec, codes = _encode_blocks(blocks, bamax, global_encode_scale(amax), rbytes)
+    return sdec, codes, E4M3_MAX
+
+
+def _quantize_1d(x: torch.Tensor, amax: torch.Tensor, rbytes=None, four_over_six=None) -> NVFP4Data:
+    """Rowwise 1x16 quantization of fp32 x [R, C] with amax [R] (row-scaled) or [1] (per-tensor); rbytes
+    [R, C] for stochastic rounding."""
     rows, cols = x.shape
-    blocks = x.reshape(rows, cols // BLOCK, BLOCK)
-    s_enc = global_encode_scale(amax).reshape(-1, 1)  # [R or 1, 1] broadcasts over blocks
-    sdec, codes = _encode_blocks(blocks, _abs_max_ignore_nan(blocks, -1), s_enc)
-    return NVFP4Data(pack_nibbles(codes.reshape(rows, cols)), sdec.contiguous(), amax)
+    shape = (rows, cols // BLOCK, BLOCK)
+    sdec, codes, e4m3_max = _encode(x.reshape(shape), amax.reshape(-1, 1),  # [R or 1, 1] broadcasts over blocks
+                                    None if rbytes is None else rbytes.reshape(shape), four_over_six)
+    return NVFP4Data(pack_nibbles(codes.reshape(rows, cols)), sdec.contiguous(), amax, e4m3_max)
 
 
-def _quantize_2d(x: torch.Tensor, amax: torch.Tensor, rowwise: bool, columnwise: bool):
-    """16x16 quantization of fp32 x [M, K] with a per-tensor amax [1].
+def _tiles(t: torch.Tensor) -> torch.Tensor:
+    """[M, K] -> [M/16, K/16, 256]: each 16x16 tile's elements, row-major within the tile."""
+    m, k = t.shape
+    return t.reshape(m // BLOCK, BLOCK, k // BLOCK, BLOCK).permute(0, 2, 1, 3).reshape(m // BLOCK, k // BLOCK, -1)
+
+
+def _quantize_2d(x: torch.Tensor, amax: torch.Tensor, rowwise: bool, columnwise: bool, rbytes=None,
+                 four_over_six=None):
+    """16x16 quantization of fp32 x [M, K] with a per-tensor amax [1]; rbytes [M, K] for stochastic rounding.
 
     One scale per 16x16 tile, replicated on each of the tile's 16 rows (rowwise) or 16 transposed rows
     (columnwise); the columnwise codes are the exact transpose of the rowwise codes.
     """
     m, k = x.shape
-    tiles = x.reshape(m // BLOCK, BLOCK, k // BLOCK, BLOCK).permute(0, 2, 1, 3)  # [mt, kt, 16, 16]
-    tiles = tiles.reshape(m // BLOCK, k // BLOCK, BLOCK * BLOCK)
-    sdec, codes = _encode_blocks(tiles, _abs_max_ignore_nan(tiles, -1), global_encode_scale(amax))
+    sdec, codes, e4m3_max = _encode(_tiles(x), amax, None if rbytes is None else _tiles(rbytes), four_over_six)
     codes = codes.reshape(m // BLOCK, k // BLOCK, BLOCK, BLOCK).permute(0, 2, 1, 3).reshape(m, k)
     row = col = None
     if rowwise:
-        row = NVFP4Data(pack_nibbles(codes), sdec.repeat_interleave(BLOCK, dim=0).contiguous(), amax)
+        row = NVFP4Data(pack_nibbles(codes), sdec.repeat_interleave(BLOCK, dim=0).contiguous(), amax, e4m3_max)
     if columnwise:
         col = NVFP4Data(pack_nibbles(codes.t().contiguous()),
-                        sdec.t().repeat_interleave(BLOCK, dim=0).contiguous(), amax)
+                        sdec.t().repeat_interleave(BLOCK, dim=0).contiguous(), amax, e4m3_max)
     return row, col
 
 
-def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool):
-    """Quantize a validated 2-D input; returns (rowwise, columnwise) NVFP4Data or None each."""
+def _random_bytes(rng, copy: int, shape) -> torch.Tensor | None:
+    """Stochastic rounding's bytes for one copy (0 rowwise, 1 columnwise) of [rows, cols], or None."""
+    if rng is None:
+        return None
+    from .stochastic import random_bytes  # builds on this module
+    return random_bytes(rng.seed, rng.offset + copy, shape[0], shape[1], rng.device)
+
+
+def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
+             options: QuantizeOptions = DEFAULT_OPTIONS):
+    """Quantize a validated 2-D input; returns (rowwise, columnwise) NVFP4Data or None each.
+
+    options (validated by fp4gen.quantize): stochastic rounding draws each copy's bits from options.rng and
+    then advances it; hadamard quantizes the columnwise copy from the transform of x.T, with its own amax;
+    four_over_six picks each block's map-to-4 or map-to-6 scale."""
     x = x2d.float().contiguous()  # elementwise results then come out row-major too
+    rng, fos = options.rng, options.four_over_six
     if block == (16, 16):
-        return _quantize_2d(x, _abs_max(x, (0, 1)).reshape(1), rowwise, columnwise)
-    row = col = None
-    if scaling == "row":
-        if rowwise:
-            row = _quantize_1d(x, _abs_max(x, (1,)))
-        if columnwise:
-            xt = x.t().contiguous()
-            col = _quantize_1d(xt, _abs_max(xt, (1,)))  # per-column amax of x
+        result = _quantize_2d(x, _abs_max(x, (0, 1)).reshape(1), rowwise, columnwise, _random_bytes(rng, 0, x.shape),
+                              fos)
     else:
-        amax = _abs_max(x, (0, 1)).reshape(1)
+        xt = None
+        if columnwise:  # x.T, transformed when asked (always to bf16 values)
+            xt = apply_rht(x.t()).float() if options.hadamard else x.t().contiguous()
+        amax_dims = (1,) if scaling == "row" else (0, 1)
+        row = col = None
         if rowwise:
-            row = _quantize_1d(x, amax)
-        if columnwise:
-            col = _quantize_1d(x.t().contiguous(), amax)  # one amax tensor serves both copies
-    return row, col
+            row = _quantize_1d(x, _abs_max(x, amax_dims).reshape(-1), _random_bytes(rng, 0, x.shape), fos)
+        if columnwise:  # per-column amax of x when row-scaled; shared with the rowwise copy unless transformed
+            shared = rowwise and scaling == "tensor" and not options.hadamard
+            amax = row.amax if shared else _abs_max(xt, amax_dims).reshape(-1)
+            col = _quantize_1d(xt, amax, _random_bytes(rng, 1, xt.shape), fos)
+        result = row, col
+    if rng is not None:
+        rng.advance()
+    return result
+
+
+def inverse_decode_numerator(operand: NVFP4Data) -> torch.Tensor:
+    """fl(1 / fl(6 * e4m3_max)): fl(1/2688) for standard operands, fl(1/1536) for 4over6 ones."""
+    return _f32(1.0 / (E2M1_MAX * operand.e4m3_max), operand.device)
 
 
 def decode_factor(operand: NVFP4Data) -> torch.Tensor:
     """Per-block dequantization factor fs = fl(fl(sdec * amax) * fl(1/2688)) (upstream's order), [R, C/16]."""
-    dev = operand.device
     amax = operand.amax.reshape(-1, 1)
-    return (operand.scale.float() * amax) * _f32(1.0 / GLOBAL_ENCODE_NUMERATOR, dev)
+    return (operand.scale.float() * amax) * inverse_decode_numerator(operand)
 
 
 def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
@@ -176,7 +220,7 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
     amax = operand.amax.reshape(-1, 1).expand_as(factor)
     sdec = operand.scale.float()
     overflow = torch.isinf(sdec * amax) & torch.isfinite(amax)
-    finite_factor = (amax * _f32(1.0 / GLOBAL_ENCODE_NUMERATOR, operand.device)) * sdec
+    finite_factor = (amax * inverse_decode_numerator(operand)) * sdec
     out = values * torch.where(overflow, finite_factor, factor).unsqueeze(-1)  # no branch: no host sync
     return out.reshape(rows, cols).to(dtype)
 
@@ -188,9 +232,9 @@ def block_scaled_values(operand: NVFP4Data) -> torch.Tensor:
     return (values * operand.scale.float().unsqueeze(-1)).reshape(rows, cols)
 
 
-def bilateral_scale(amax: torch.Tensor) -> torch.Tensor:
-    """The per-row or per-column factor the GEMM epilogue applies: fl(amax * fl(1/2688))."""
-    return amax * _f32(1.0 / GLOBAL_ENCODE_NUMERATOR, amax.device)
+def bilateral_scale(operand: NVFP4Data) -> torch.Tensor:
+    """The per-row or per-column factor the GEMM epilogue applies: fl(amax * fl(1/fl(6 * e4m3_max)))."""
+    return operand.amax * inverse_decode_numerator(operand)
 
 
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out: torch.Tensor | None,
@@ -201,7 +245,7 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out: torch.Tensor |
     to fp32 (the GPU kernels accumulate in fp32 in their own order, so GEMMs are compared, not bit-matched).
     """
     acc = (block_scaled_values(a).double() @ block_scaled_values(b).double().t()).float()
-    d = (acc * bilateral_scale(b.amax).reshape(1, -1)) * bilateral_scale(a.amax).reshape(-1, 1)
+    d = (acc * bilateral_scale(b).reshape(1, -1)) * bilateral_scale(a).reshape(-1, 1)
     if accumulate:
         d = d + out.float()
     d = d.to(out_dtype)

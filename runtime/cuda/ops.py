@@ -8,6 +8,7 @@ import functools
 import torch
 
 from ..formats import NVFP4Data
+from ..options import DEFAULT_OPTIONS, QuantizeOptions
 from ..swizzle import swizzle_scales
 from .library import load_kernel
 from .manifest import load_manifest
@@ -74,8 +75,10 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, o
         out = torch.empty(rows, cols, dtype=dtype, device=device)
     data, scale = operand.data, operand.scale.view(torch.uint8)
     amax = operand.amax.contiguous()
+    # the kernels decode with 6 * 448; a 4over6 operand (e4m3_max 256) needs a kernel that declares it
+    values = {"e4m3_max": f"{operand.e4m3_max:g}"} if with_amax and operand.e4m3_max != 448.0 else {}
     problem = _problem("dequantize", device, {"out_dtype": dtype}, cols,
-                       {"data": _row_start_bits(data), "out": _row_start_bits(out)})
+                       {"data": _row_start_bits(data), "out": _row_start_bits(out)}, values)
     kernel = _kernel_for(problem)
     _launch(kernel, device, data.data_ptr(), scale.data_ptr(), amax.data_ptr() if with_amax else None,
             out.data_ptr(), rows, cols, data.stride(0), scale.stride(0), 1 if operand.row_scaled else 0,
@@ -114,7 +117,8 @@ def uses_row_pass(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, co
             and x.shape[1] * x.element_size() <= limit)
 
 
-def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool):
+def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
+             options: QuantizeOptions = DEFAULT_OPTIONS):
     """Row-scaled with a rowwise copy (see uses_row_pass): the row pass, then the columnwise-only quantize kernel
     if the columnwise copy is asked for. Otherwise: the amax pass (its outputs zeroed by a kernel of its own),
     then the quantize kernel. Each launch after the first is a programmatic dependent of the one before; no
@@ -124,7 +128,10 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
         raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
                          f"elements (last stride 1); pass x.contiguous()")
     device, row_scaled = x.device, scaling == "row"
-    row_pass = uses_row_pass(x, scaling, block, rowwise, columnwise)
+    # options beyond the defaults go into the kernel choice, so a build without kernels for them is a
+    # BuildError that names them (the row pass has none)
+    option_values = options.kernel_values()
+    row_pass = not option_values and uses_row_pass(x, scaling, block, rowwise, columnwise)
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}  # an empty x is never read
     in_dtype = {"in_dtype": x.dtype}
     if row_pass:
@@ -136,7 +143,8 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     quantize_kernel = None
     if columnwise or not row_pass:
         quantize_kernel = _kernel_for(_problem("quantize", device, in_dtype, cols, pointers, {
-            "direction": quantize_direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}"}))
+            "direction": quantize_direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}",
+            **option_values}))
 
     def empty(*shape, dtype=torch.uint8):
         return torch.empty(*shape, dtype=dtype, device=device)
@@ -209,8 +217,10 @@ def _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor
             _ptr(row_scale), _ptr(col_data), _ptr(col_scale))
 
 
-# fl(1 / (2688 * 2688)): ctypes rounds the double quotient to fp32, which equals the fp32 quotient
-GEMM_ALPHA = 1.0 / (2688.0 * 2688.0)
+def gemm_alpha(a: NVFP4Data, b: NVFP4Data) -> float:
+    """The epilogue's fl(1 / (6 * a.e4m3_max * 6 * b.e4m3_max)), fl(1/2688^2) for standard operands: ctypes
+    rounds the double quotient (of an exact double product) to fp32, which equals the fp32 quotient."""
+    return 1.0 / ((6.0 * a.e4m3_max) * (6.0 * b.e4m3_max))
 
 
 def _bf16_operands(a: NVFP4Data, b: NVFP4Data, n_run: int, kernel) -> tuple:
@@ -299,7 +309,7 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
         if accumulate:
             d[:, :n].copy_(out)
     row_amax = a.amax.contiguous()
-    args = (*operand_ptrs, d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(), GEMM_ALPHA,
+    args = (*operand_ptrs, d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(), gemm_alpha(a, b),
             1.0 if accumulate else 0.0, m, n_run, k, *operand_strides, d.stride(0), d.stride(0), int(a.row_scaled),
             int(b.row_scaled))
     workspace_bytes = kernel.workspace_size(*args, None)
