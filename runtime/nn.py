@@ -24,9 +24,20 @@ from . import torch_ops
 from .api import INPUT_DTYPES, dtype_names
 from .formats import BLOCK
 from .recipe import Recipe
+from .rng import RNGState
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
 PARAM_DTYPES = INPUT_DTYPES  # the parameters are quantized as they are
+
+def _no_rng(like: torch.Tensor) -> torch.Tensor:
+    """The rng_state argument of a quantize call that draws no random bits (never read)."""
+    return like.new_empty(0, dtype=torch.int64)
+
+
+def e4m3_max_of(four_over_six) -> float:
+    """The e4m3_max of an operand quantized with this four_over_six argument."""
+    return 448.0 if four_over_six is None else 256.0
+
 
 # Every optimizer step in the process, whatever the optimizer, invalidates cached weight quantizations.
 # The version counter alone misses weights that a wrapper refreshes with the counter preserved (FSDP2's
@@ -47,11 +58,17 @@ class _NVFP4LinearFunction(torch.autograd.Function):
     whole step as opaque operators."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad):
+    def forward(ctx, x2d, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad, rng_state):
         ops = torch_ops.for_caller()
-        # X's columnwise copy (for wgrad) comes from the same quantize call as its rowwise copy
-        q = ops.quantize(x2d, recipe.activation_scaling, [1, BLOCK], True, need_wgrad)
-        y = ops.gemm(*q[:3], *w_row, GEMM_OUT[x2d.dtype])
+        # X's columnwise copy (for wgrad) comes from the same quantize call as its rowwise copy; with
+        # hadamard_wgrad that copy is quantized from the RHT of X along the tokens, like dY's below
+        x_hadamard = recipe.hadamard_wgrad and need_wgrad
+        x_four_over_six = recipe.activation_four_over_six
+        q = ops.quantize(x2d, recipe.activation_scaling, [1, BLOCK], True, need_wgrad, "nearest", x_hadamard,
+                         x_four_over_six, _no_rng(x2d))
+        x_e4m3_max = e4m3_max_of(x_four_over_six)
+        w_e4m3_max = e4m3_max_of(recipe.weight_four_over_six)
+        y = ops.gemm(*q[:3], *w_row, GEMM_OUT[x2d.dtype], x_e4m3_max, w_e4m3_max)
         if bias is not None:
             # PyTorch adds 16-bit tensors in fp32 and rounds once, so this is the fp32 sum rounded to the
             # output dtype, without materializing an fp32 copy of Y. Under autocast an fp32 bias is first
@@ -66,6 +83,8 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         ctx.main_grad, ctx.x_dtype, ctx.need_wgrad = main_grad, x2d.dtype, need_wgrad
         ctx.w_dtype, ctx.bias_dtype = weight.dtype, bias.dtype if bias is not None else None
         ctx.needs_x_grad = ctx.needs_input_grad[0]
+        ctx.recipe, ctx.rng_state = recipe, rng_state
+        ctx.x_e4m3_max, ctx.w_e4m3_max = x_e4m3_max, w_e4m3_max
         return y
 
     @staticmethod
@@ -73,20 +92,22 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         ops = torch_ops.for_caller()
         saved = ctx.saved_tensors
         x_col, w_col = saved[:3], saved[3:]
+        recipe = ctx.recipe
         dy = dy.contiguous()
         dx = dw = db = None
         if ctx.needs_x_grad or ctx.need_wgrad:
-            q = ops.quantize(dy, "tensor", [1, BLOCK], ctx.needs_x_grad, ctx.need_wgrad)
+            q = ops.quantize(dy, recipe.gradient_scaling, [1, BLOCK], ctx.needs_x_grad, ctx.need_wgrad,
+                             recipe.gradient_rounding, recipe.hadamard_wgrad and ctx.need_wgrad, None, ctx.rng_state)
             if ctx.needs_x_grad:  # dgrad: dY [M, N] x (W columnwise = Wᵀ [K, N])
-                dx = ops.gemm(*q[:3], *w_col, GEMM_OUT[ctx.x_dtype]).to(ctx.x_dtype)
+                dx = ops.gemm(*q[:3], *w_col, GEMM_OUT[ctx.x_dtype], 448.0, ctx.w_e4m3_max).to(ctx.x_dtype)
             if ctx.need_wgrad:  # wgrad: (dY columnwise = dYᵀ [N, M]) x (X columnwise = Xᵀ [K, M])
                 if ctx.main_grad is not None:  # fp32 main-grad accumulation inside the GEMM epilogue
-                    ops.gemm_accumulate(ctx.main_grad, *q[3:], *x_col)
+                    ops.gemm_accumulate(ctx.main_grad, *q[3:], *x_col, 448.0, ctx.x_e4m3_max)
                 else:  # in the weight's dtype: fp32 master weights under autocast get fp32 gradients
-                    dw = ops.gemm(*q[3:], *x_col, torch.float32).to(ctx.w_dtype)
+                    dw = ops.gemm(*q[3:], *x_col, torch.float32, 448.0, ctx.x_e4m3_max).to(ctx.w_dtype)
         if ctx.bias_dtype is not None:
             db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)  # fp32 accumulation, no fp32 copy of dY
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 def _autocast_dtype(x: torch.Tensor):
@@ -172,13 +193,18 @@ class Linear(torch.nn.Linear):
         # A traced or captured step must contain the quantization itself: a cache hit at trace or capture
         # time would leave a graph that never requantizes the weight after optimizer updates.
         if torch.compiler.is_compiling() or (w.is_cuda and torch.cuda.is_current_stream_capturing()):
-            q = ops.quantize(w, "tensor", list(self.recipe.weight_block), True, True)
+            q = self._quantize_weight(ops, w)
             return q[:3], q[3:]
-        key = (self.weight._version, _optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe.weight_block)
+        key = (self.weight._version, _optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
         if self._weight_cache is None or self._weight_cache[0] != key:
-            q = ops.quantize(w, "tensor", list(self.recipe.weight_block), True, True)
+            q = self._quantize_weight(ops, w)
             self._weight_cache = (key, q[:3], q[3:])
         return self._weight_cache[1], self._weight_cache[2]
+
+    def _quantize_weight(self, ops, w):
+        recipe = self.recipe
+        return ops.quantize(w, "tensor", list(recipe.weight_block), True, True, "nearest", False,
+                            recipe.weight_four_over_six, _no_rng(w))
 
     def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
         """The dtype the GEMMs take X in and Y comes out in: autocast's, else x's, which must then be the
@@ -216,8 +242,10 @@ class Linear(torch.nn.Linear):
                 raise ValueError("accumulate_main_grad=True needs weight.main_grad: an fp32 tensor shaped like "
                                  "the weight")
         qw_row, qw_col = self._quantized_weight()
+        # stochastic rounding of dY draws from the device's default state, advanced by each backward
+        rng_state = RNGState.default(x2d.device).tensor if self.recipe.stochastic_rounding else _no_rng(x2d)
         y = _NVFP4LinearFunction.apply(x2d, self.weight, self.bias, qw_row, qw_col, self.recipe, main_grad,
-                                       need_wgrad)
+                                       need_wgrad, rng_state)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -35,6 +35,17 @@ class RNGState:
             raise TypeError(f"seed must be an int or None, got {seed!r}")
         self.tensor = torch.tensor([_wrap_int64(seed), 0], dtype=torch.int64, device=device)
 
+    @classmethod
+    def from_tensor(cls, tensor: torch.Tensor) -> "RNGState":
+        """A state over an existing int64 [seed, offset] tensor (shared, not copied: advancing the state
+        advances the tensor), as the fp4gen custom ops receive it."""
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int64 or tuple(tensor.shape) != (2,):
+            raise ValueError(f"an RNGState tensor is int64 [seed, offset]; got "
+                             f"{getattr(tensor, 'dtype', type(tensor).__name__)} {tuple(getattr(tensor, 'shape', ()))}")
+        state = cls.__new__(cls)
+        state.tensor = tensor
+        return state
+
     @property
     def device(self) -> torch.device:
         return self.tensor.device

@@ -1,16 +1,23 @@
 """fp4gen's operations as torch.library custom ops (namespace `fp4gen`) with fake implementations, so
 torch.compile and CUDA graphs see opaque, shape-known operators instead of Python and ctypes calls.
 
-Operands travel as (data, scale, amax) tensor triples; an absent direction is three empty tensors.
+Operands travel as (data, scale, amax) tensor triples; an absent direction is three empty tensors. An
+operand's e4m3_max (448, or 256 after 4over6) travels beside its triple as a float: the caller knows it
+from the options it quantized with.
+
+Stochastic rounding's state travels as the RNGState's int64 [seed, offset] tensor, which the quantize op
+advances in place (declared as a mutated argument); without stochastic rounding it is an empty tensor.
 """
 from __future__ import annotations
 
 import types
+from typing import Optional
 
 import torch
 
 from . import api
 from .formats import BLOCK, NVFP4Data
+from .rng import RNGState
 
 Triple = tuple  # (data uint8, scale float8_e4m3fn, amax float32)
 
@@ -20,10 +27,13 @@ def _absent(x: torch.Tensor) -> list:
             x.new_empty(0, dtype=torch.float32)]
 
 
-def _quantize(x: torch.Tensor, scaling: str, block: list[int], rowwise: bool,
-             columnwise: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                        torch.Tensor]:
-    q = api.quantize(x, scaling=scaling, block=tuple(block), rowwise=rowwise, columnwise=columnwise)
+def _quantize(x: torch.Tensor, scaling: str, block: list[int], rowwise: bool, columnwise: bool, rounding: str,
+              hadamard: bool, four_over_six: Optional[str],
+              rng_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                torch.Tensor]:
+    rng = RNGState.from_tensor(rng_state) if rounding == "stochastic" else None
+    q = api.quantize(x, scaling=scaling, block=tuple(block), rowwise=rowwise, columnwise=columnwise,
+                     rounding=rounding, rng=rng, hadamard=hadamard, four_over_six=four_over_six)
     row = [q.rowwise.data, q.rowwise.scale, q.rowwise.amax] if rowwise else _absent(x)
     col = [q.columnwise.data, q.columnwise.scale, q.columnwise.amax] if columnwise else _absent(x)
     if rowwise and columnwise and col[2] is row[2]:
@@ -31,11 +41,11 @@ def _quantize(x: torch.Tensor, scaling: str, block: list[int], rowwise: bool,
     return (*row, *col)
 
 
-quantize = torch.library.custom_op("fp4gen::quantize", mutates_args=())(_quantize)
+quantize = torch.library.custom_op("fp4gen::quantize", mutates_args=("rng_state",))(_quantize)
 
 
 @quantize.register_fake
-def _(x, scaling, block, rowwise, columnwise):
+def _(x, scaling, block, rowwise, columnwise, rounding, hadamard, four_over_six, rng_state):
     k = x.shape[-1]
     m = x.numel() // k if k else 0
 
@@ -51,8 +61,10 @@ def _(x, scaling, block, rowwise, columnwise):
 
 
 def _gemm(a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, b_data: torch.Tensor,
-         b_scale: torch.Tensor, b_amax: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    d = api.gemm(NVFP4Data(a_data, a_scale, a_amax), NVFP4Data(b_data, b_scale, b_amax), out_dtype=out_dtype)
+          b_scale: torch.Tensor, b_amax: torch.Tensor, out_dtype: torch.dtype, a_e4m3_max: float,
+          b_e4m3_max: float) -> torch.Tensor:
+    d = api.gemm(NVFP4Data(a_data, a_scale, a_amax, a_e4m3_max), NVFP4Data(b_data, b_scale, b_amax, b_e4m3_max),
+                 out_dtype=out_dtype)
     return d.contiguous()  # a padded-N CUDA result is a strided view; the fake promises a dense tensor
 
 
@@ -60,20 +72,22 @@ gemm = torch.library.custom_op("fp4gen::gemm", mutates_args=())(_gemm)
 
 
 @gemm.register_fake
-def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype):
+def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max):
     return a_data.new_empty(a_data.shape[0], b_data.shape[0], dtype=out_dtype)
 
 
 def _gemm_accumulate(out: torch.Tensor, a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor,
-                    b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor) -> None:
-    api.gemm(NVFP4Data(a_data, a_scale, a_amax), NVFP4Data(b_data, b_scale, b_amax), out=out, accumulate=True)
+                     b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, a_e4m3_max: float,
+                     b_e4m3_max: float) -> None:
+    api.gemm(NVFP4Data(a_data, a_scale, a_amax, a_e4m3_max), NVFP4Data(b_data, b_scale, b_amax, b_e4m3_max),
+             out=out, accumulate=True)
 
 
 gemm_accumulate = torch.library.custom_op("fp4gen::gemm_accumulate", mutates_args=("out",))(_gemm_accumulate)
 
 
 @gemm_accumulate.register_fake
-def _(out, a_data, a_scale, a_amax, b_data, b_scale, b_amax):
+def _(out, a_data, a_scale, a_amax, b_data, b_scale, b_amax, a_e4m3_max, b_e4m3_max):
     return None
 
 

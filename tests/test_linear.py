@@ -196,12 +196,19 @@ def test_torch_compile_fullgraph_training_step_matches_eager():
     assert torch.isfinite(loss)
 
 
+_NO_RNG = torch.empty(0, dtype=torch.int64)
+
+
 @pytest.mark.parametrize("op,args", [
-    ("quantize", lambda: (torch.randn(32, 48), "row", [1, 16], True, True)),
-    ("quantize", lambda: (torch.randn(32, 48), "tensor", [16, 16], False, True)),
-    ("gemm", lambda: (*torch.ops.fp4gen.quantize(torch.randn(32, 48), "row", [1, 16], True, False)[:3],
-                      *torch.ops.fp4gen.quantize(torch.randn(16, 48), "tensor", [1, 16], True, False)[:3],
-                      torch.bfloat16)),
+    ("quantize", lambda: (torch.randn(32, 48), "row", [1, 16], True, True, "nearest", False, None, _NO_RNG)),
+    ("quantize", lambda: (torch.randn(32, 48), "tensor", [16, 16], False, True, "nearest", False, "mae", _NO_RNG)),
+    ("quantize", lambda: (torch.randn(32, 48), "row", [1, 16], True, True, "stochastic", True, None,
+                          fp4gen.RNGState(7).tensor)),
+    ("gemm", lambda: (*torch.ops.fp4gen.quantize(torch.randn(32, 48), "row", [1, 16], True, False, "nearest", False,
+                                                 None, _NO_RNG)[:3],
+                      *torch.ops.fp4gen.quantize(torch.randn(16, 48), "tensor", [1, 16], True, False, "nearest",
+                                                 False, "mse", _NO_RNG)[:3],
+                      torch.bfloat16, 448.0, 256.0)),
 ])
 def test_custom_ops_fake_implementations_agree(op, args):
     # test_schema is left out: its checks run float8 arithmetic that PyTorch's CPU kernels lack
