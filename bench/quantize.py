@@ -8,6 +8,9 @@ number of bytes measured in the same run, the ratio of the two, and the speed-up
 `torch.compile` of the reference backend's quantize. Rows marked "(amax + quantize)" time the same call with
 the row pass turned off (fp4gen.cuda.ops.row_pass_limits(0)): the path it replaced.
 
+`python quantize.py --options` times the training-quality options (stochastic rounding, the Hadamard
+transform, 4over6: the amax pass, then a quantize_options kernel) the same way, beside the plain call.
+
 `python quantize.py --paths` compares the two paths (graph time) over more shapes and dtypes, the row pass
 allowed for any row width.
 """
@@ -61,6 +64,40 @@ def main():
                   f"{copy_gbs:>9.0f} {gbs / copy_gbs:>7.2f} {compiled_ms * 1e3:>11.1f} {compiled_ms / ms:>8.2f}")
 
 
+OPTION_MODES = [  # (label, scaling, block, options)
+    ("row-scaled, both", "row", (1, 16), {}),
+    ("  + RHT", "row", (1, 16), dict(hadamard=True)),
+    ("  + 4over6", "row", (1, 16), dict(four_over_six="mae")),
+    ("  + RHT + 4over6", "row", (1, 16), dict(hadamard=True, four_over_six="mae")),
+    ("per-tensor, both", "tensor", (1, 16), {}),
+    ("  + SR", "tensor", (1, 16), dict(rounding="stochastic")),
+    ("  + SR + RHT", "tensor", (1, 16), dict(rounding="stochastic", hadamard=True)),
+    ("  + RHT", "tensor", (1, 16), dict(hadamard=True)),
+    ("row-scaled, both, SR", "row", (1, 16), dict(rounding="stochastic")),
+    ("  + RHT", "row", (1, 16), dict(rounding="stochastic", hadamard=True)),
+    ("16x16 weights, both", "tensor", (16, 16), {}),
+    ("  + 4over6", "tensor", (16, 16), dict(four_over_six="mae")),
+]
+
+
+def compare_options():
+    torch.manual_seed(0)
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(f"{'shape':>12} {'mode (both copies)':<21} {'eager us':>8} {'graph us':>8} {'GB/s':>6} {'copy GB/s':>9} "
+          f"{'of copy':>7}")
+    for rows, cols in SHAPES:
+        x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+        for label, scaling, block, options in OPTION_MODES:
+            kw = dict(scaling=scaling, block=block, **options)
+            ms = median_ms(lambda: fp4gen.quantize(x, **kw))
+            graph_ms = graph_median_ms(lambda: fp4gen.quantize(x, **kw))
+            moved = _traffic_bytes(rows, cols, x.element_size(), True, True, scaling == "row")
+            copy_gbs = copy_bandwidth_gbs(moved)
+            gbs = moved / graph_ms / 1e6
+            print(f"{rows:>5}x{cols:<6} {label:<21} {ms * 1e3:>8.1f} {graph_ms * 1e3:>8.1f} {gbs:>6.0f} "
+                  f"{copy_gbs:>9.0f} {gbs / copy_gbs:>7.2f}", flush=True)
+
+
 # --paths: the row pass against the path it replaced, over more shapes (row scaling, bf16 and fp32): where
 # the limits of fp4gen.cuda.ops.uses_row_pass should lie
 PATH_SHAPES = [(256, 8192), (1024, 4096), (4096, 4096), (2048, 16384), (8192, 16384), (32768, 2048), (2048, 32768)]
@@ -85,4 +122,9 @@ def compare_paths():
 if __name__ == "__main__":
     import sys
 
-    compare_paths() if "--paths" in sys.argv else main()
+    if "--paths" in sys.argv:
+        compare_paths()
+    elif "--options" in sys.argv:
+        compare_options()
+    else:
+        main()

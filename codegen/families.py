@@ -179,6 +179,61 @@ FAMILIES = {
         constraints={"cols_multiple_of": 16},
         alignment={"x": 16},
     ),
+    "amax_hadamard": Family(
+        name="amax_hadamard",
+        op="amax_hadamard",
+        description="the amaxes of x [M, K] (per row and/or tensor) and of the 16-point random Hadamard "
+                    "transform of x.T (per column and/or tensor) in one read (NaN-propagating)",
+        template="amax_hadamard.cu.j2",
+        name_prefix="amax_hadamard",
+        axes={"in_dtype": _tokens(tables.DTYPES), "arch": _tokens(tables.ARCHS)},
+        params=(
+            *_INPUT_PARAMS,
+            Param("row_amax", "float*"),  # [rows] or null: of x's rows
+            Param("col_amax", "float*"),  # [cols] or null: of the transformed copy's rows (x's columns)
+            Param("row_tensor_amax", "float*"),  # [1] or null: of x
+            Param("col_tensor_amax", "float*"),  # [1] or null: of the transformed copy
+        ),
+        # rows: whole 16-row groups of the transform
+        constraints={"cols_multiple_of": 16},
+        alignment={"x": 16},
+    ),
+    "quantize_options": Family(
+        name="quantize_options",
+        op="quantize_options",
+        description="x [M, K] -> rowwise and/or columnwise NVFP4 with stochastic rounding, the random Hadamard "
+                    "transform of the columnwise copy and/or 4over6; copies, scaling and block shape at run time",
+        template="quantize_options.cu.j2",
+        name_prefix="quantize_nvfp4_options",
+        axes={
+            "in_dtype": _tokens(tables.DTYPES),
+            "rounding": {"nearest": "rn", "stochastic": "sr"},
+            "hadamard": {"none": "plain", "rht16": "rht16"},
+            "four_over_six": {"none": "max6", "adaptive": "4over6"},
+            "arch": _tokens(tables.ARCHS),
+        },
+        params=(
+            *_INPUT_PARAMS,
+            Param("row_amax", "const float*"),  # [rows] (vector_amax) or [1]
+            Param("col_amax", "const float*"),  # [cols] (vector_amax) or [1]; of the transformed copy with RHT
+            Param("row_data", "uint8_t*"),  # [rows, cols/2], contiguous, or null: no rowwise copy
+            Param("row_scale", "uint8_t*"),  # [rows, cols/16], contiguous
+            Param("col_data", "uint8_t*"),  # [cols, rows/2], contiguous, or null: no columnwise copy
+            Param("col_scale", "uint8_t*"),  # [cols, rows/16], contiguous
+            Param("rng_state", "const int64_t*"),  # [seed, offset] (stochastic rounding), read on the device
+            Param("vector_amax", "int64_t"),  # 1: per-row / per-column amaxes; 0: per tensor
+            Param("block_2d", "int64_t"),  # 1: 16x16 blocks (per tensor, no transform); 0: 1x16
+            Param("error_mse", "int64_t"),  # 4over6's error: 1 squared, 0 absolute
+        ),
+        constraints={"cols_multiple_of": 16},
+        alignment={"x": 16},
+        excluded=(
+            (lambda values, facts: not (facts["stochastic"] or facts["hadamard"] or facts["four_over_six"]),
+             "no option: the plain quantize kernels (family quantize) cover it"),
+            (lambda values, facts: facts["stochastic"] and facts["four_over_six"],
+             "stochastic rounding with 4over6: 4over6 chooses between two round-to-nearest candidates"),
+        ),
+    ),
     "gemm_sm90": Family(
         name="gemm_sm90",
         op="gemm",

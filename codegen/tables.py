@@ -31,6 +31,12 @@ SCALINGS = {"row": {"row_scaled": True}, "tensor": {"row_scaled": False}}
 # Scale block shape: 1x16 (activations, gradients) or 16x16 tiles (weights).
 BLOCKS = {"1x16": {"block_2d": False}, "16x16": {"block_2d": True}}
 
+# Training-quality options of the quantize_options kernels (each a compile-time switch of the kernel).
+ROUNDINGS = {"nearest": {"stochastic": False}, "stochastic": {"stochastic": True}}
+HADAMARDS = {"none": {"hadamard": False}, "rht16": {"hadamard": True}}
+FOUR_OVER_SIX = {"none": {"four_over_six": False}, "adaptive": {"four_over_six": True}}
+
+
 class GemmTiles:
     """GEMM tiles `MxNxK`, accepted by rule rather than from a list, so a new tile is a YAML edit."""
 
@@ -86,6 +92,7 @@ C_PARAM_KINDS = {
     "const void*": "pointer",
     "const uint8_t*": "pointer",
     "const float*": "pointer",
+    "const int64_t*": "pointer",
     "uint8_t*": "pointer",
     "float*": "pointer",
     "void*": "pointer",
@@ -107,6 +114,9 @@ AXIS_TABLES = {
     "mma_tile": SM100_MMA_TILES,
     "fused_tile": FUSED_GEMM_TILES,
     "schedule": GEMM_SCHEDULES,
+    "rounding": ROUNDINGS,
+    "hadamard": HADAMARDS,
+    "four_over_six": FOUR_OVER_SIX,
 }
 
 

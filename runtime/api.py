@@ -127,6 +127,8 @@ def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool
     name = choose_backend(x.device, backend)
     impl = reference if name == "reference" else _cuda_backend()
     row, col = impl.quantize(x2d, scaling, block, rowwise, columnwise, options)
+    if options.rng is not None:
+        options.rng.advance()  # on the device, after the kernels that read the offset (stream order)
     return NVFP4Tensor(row, col, tuple(x.shape), x.dtype, scaling, block)
 
 

@@ -14,7 +14,7 @@ consecutive 16-element group g of a row, as a row vector, g' = bf16_RNE(g H), ev
 order (the fast Walsh-Hadamard butterfly, which H16 = H2 (x) H2 (x) H2 (x) H2 allows):
     u_j = fl(g_j * s_j / 4)                                   (exact unless fp32-subnormal)
     for h = 1, 2, 4, 8: for every j with bit h clear: (u_j, u_{j+h}) <- (fl(u_j + u_{j+h}), fl(u_j - u_{j+h}))
-    g'_k = bf16_RNE(u_k)
+    g'_k = bf16_RNE(u_k), a NaN u_k being the quiet NaN 0x7FC0 whatever its payload
 Upstream sums inside an MMA in an order it does not specify; whenever the 16 values span less than about
 2^12 (bf16 data almost always does) every order gives the same exact fp32 sum, so the bytes agree with
 upstream's. The CUDA kernels evaluate the same butterfly, so both backends agree in every case.
@@ -65,4 +65,7 @@ def apply_rht(xt: torch.Tensor) -> torch.Tensor:
         pairs = u.reshape(rows, cols // BLOCK, BLOCK // (2 * h), 2, h)  # [..., j with bit h clear / set, ...]
         low, high = pairs[..., 0, :], pairs[..., 1, :]
         u = torch.stack((low + high, low - high), dim=-2).reshape(rows, cols // BLOCK, BLOCK)
-    return u.to(torch.bfloat16).reshape(rows, cols)  # one RNE rounding
+    out = u.to(torch.bfloat16)  # one RNE rounding
+    # NaNs canonical, so that the amaxes' bit patterns depend on no backend's NaN payloads
+    quiet_nan = torch.tensor(0x7FC0, dtype=torch.int16, device=u.device).view(torch.bfloat16)
+    return torch.where(torch.isnan(out), quiet_nan, out).reshape(rows, cols)

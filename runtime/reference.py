@@ -170,8 +170,8 @@ def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, colum
              options: QuantizeOptions = DEFAULT_OPTIONS):
     """Quantize a validated 2-D input; returns (rowwise, columnwise) NVFP4Data or None each.
 
-    options (validated by fp4gen.quantize): stochastic rounding draws each copy's bits from options.rng and
-    then advances it; hadamard quantizes the columnwise copy from the transform of x.T, with its own amax;
+    options (validated by fp4gen.quantize): stochastic rounding draws each copy's bits from options.rng (which
+    fp4gen.quantize then advances); hadamard quantizes the columnwise copy from the transform of x.T, with its own amax;
     four_over_six picks each block's map-to-4 or map-to-6 scale."""
     x = x2d.float().contiguous()  # elementwise results then come out row-major too
     rng, fos = options.rng, options.four_over_six
@@ -191,8 +191,6 @@ def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, colum
             amax = row.amax if shared else _abs_max(xt, amax_dims).reshape(-1)
             col = _quantize_1d(xt, amax, _random_bytes(rng, 1, xt.shape), fos)
         result = row, col
-    if rng is not None:
-        rng.advance()
     return result
 
 

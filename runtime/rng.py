@@ -64,6 +64,16 @@ class RNGState:
         """Move past one call's draws, on the device (captured into CUDA graphs like any kernel)."""
         self.tensor[1:].add_(OFFSETS_PER_CALL)
 
+    def reset(self, seed: int | None = None) -> None:
+        """Start the stream afresh, in place: seed (None: torch.initial_seed()) and offset 0. Use it to
+        repeat a run's random bits, since torch.manual_seed with the seed the default state already has
+        does not restart that state (see default)."""
+        if seed is None:
+            seed = torch.initial_seed()
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an int or None, got {seed!r}")
+        self.tensor.copy_(torch.tensor([_wrap_int64(seed), 0], dtype=torch.int64))
+
     def __repr__(self) -> str:
         return f"RNGState(device={self.device})"  # reading seed and offset would synchronize
 
@@ -73,7 +83,7 @@ class RNGState:
     def default(cls, device) -> "RNGState":
         """The state quantize uses without rng=: one per device, seeded from torch.initial_seed(), and
         started afresh (offset 0) whenever torch.initial_seed() has changed since (torch.manual_seed with
-        another seed). Seeding twice with the same value does not restart it."""
+        another seed). Seeding twice with the same value does not restart it: call reset() for that."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())

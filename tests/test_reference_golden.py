@@ -15,7 +15,7 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
 def test_quantize_matches_golden_bytes(case):
     x, z = load_golden(case)
     q = fp4gen.quantize(x, scaling=case["scaling"], block=tuple(case["block"]), rowwise=case["rowwise"],
-                        columnwise=case["columnwise"], backend="reference")
+                        columnwise=case["columnwise"], hadamard=case["rht"], backend="reference")
     for direction, suffix in (("rowwise", ""), ("columnwise", "_t")):
         operand = getattr(q, direction)
         if not case[direction]:
@@ -30,7 +30,7 @@ def test_quantize_matches_golden_bytes(case):
 def test_columnwise_only_equals_columnwise_half(case):
     x, z = load_golden(case)
     q = fp4gen.quantize(x, scaling=case["scaling"], block=tuple(case["block"]), rowwise=False,
-                        columnwise=True, backend="reference")
+                        columnwise=True, hadamard=case["rht"], backend="reference")
     assert q.rowwise is None
     np.testing.assert_array_equal(q.columnwise.data.numpy(), z["data_t"])
     np.testing.assert_array_equal(q.columnwise.scale.view(torch.uint8).numpy(), z["scale_t"])

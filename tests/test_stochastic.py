@@ -3,6 +3,7 @@ random bytes, and the E2M1 stochastic rounding rule."""
 import pytest
 import torch
 
+import fp4gen
 from fp4gen import reference
 from fp4gen.stochastic import e2m1_encode_stochastic, philox4x32, random_bytes
 
@@ -188,3 +189,17 @@ def test_unbiased_over_random_seeds_via_random_bytes():
     step = torch.where(y.abs() >= 4, 2.0, torch.where(y.abs() >= 2, 1.0, 0.5)).double()
     # sd of a two-point draw is at most step / 2; the byte quantization adds a bias below step / 256
     assert ((mean - target).abs() <= 5 * (step / 2) / draws ** 0.5 + step / 256).all()
+
+
+def test_reset_restarts_a_state_in_place():
+    state = fp4gen.RNGState(5)
+    x = torch.randn(32, 64)
+    first = fp4gen.quantize(x, rounding="stochastic", rng=state).rowwise.data
+    tensor = state.tensor
+    state.reset(5)
+    assert state.tensor is tensor and state.offset.item() == 0  # in place: captured graphs keep the tensor
+    assert torch.equal(fp4gen.quantize(x, rounding="stochastic", rng=state).rowwise.data, first)
+    state.reset(6)
+    assert not torch.equal(fp4gen.quantize(x, rounding="stochastic", rng=state).rowwise.data, first)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        state.reset("5")

@@ -122,16 +122,15 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     """Row-scaled with a rowwise copy (see uses_row_pass): the row pass, then the columnwise-only quantize kernel
     if the columnwise copy is asked for. Otherwise: the amax pass (its outputs zeroed by a kernel of its own),
     then the quantize kernel. Each launch after the first is a programmatic dependent of the one before; no
-    host synchronization."""
+    host synchronization. Options beyond the defaults take quantize_with_options."""
     rows, cols = x.shape
     if rows > 0 and cols > 1 and x.stride(1) != 1:
         raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
                          f"elements (last stride 1); pass x.contiguous()")
+    if options != DEFAULT_OPTIONS:
+        return quantize_with_options(x, scaling, block, rowwise, columnwise, options)
     device, row_scaled = x.device, scaling == "row"
-    # options beyond the defaults go into the kernel choice, so a build without kernels for them is a
-    # BuildError that names them (the row pass has none)
-    option_values = options.kernel_values()
-    row_pass = not option_values and uses_row_pass(x, scaling, block, rowwise, columnwise)
+    row_pass = uses_row_pass(x, scaling, block, rowwise, columnwise)
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}  # an empty x is never read
     in_dtype = {"in_dtype": x.dtype}
     if row_pass:
@@ -143,35 +142,93 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     quantize_kernel = None
     if columnwise or not row_pass:
         quantize_kernel = _kernel_for(_problem("quantize", device, in_dtype, cols, pointers, {
-            "direction": quantize_direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}",
-            **option_values}))
-
-    def empty(*shape, dtype=torch.uint8):
-        return torch.empty(*shape, dtype=dtype, device=device)
+            "direction": quantize_direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}"}))
 
     if row_scaled:  # per-row amax for the rowwise copy, per-column amax for the columnwise copy
-        row_amax = empty(rows, dtype=torch.float32) if rowwise else None
-        col_amax = empty(cols, dtype=torch.float32) if columnwise else None
+        row_amax = _empty(device, rows, dtype=torch.float32) if rowwise else None
+        col_amax = _empty(device, cols, dtype=torch.float32) if columnwise else None
         tensor_amax = None
     else:
-        row_amax = col_amax = tensor_amax = empty(1, dtype=torch.float32)
-    row_data, row_scale = (empty(rows, cols // 2), empty(rows, cols // 16)) if rowwise else (None, None)
-    col_data, col_scale = (empty(cols, rows // 2), empty(cols, rows // 16)) if columnwise else (None, None)
+        row_amax = col_amax = tensor_amax = _empty(device, 1, dtype=torch.float32)
+    row_data, row_scale, col_data, col_scale = _outputs(device, rows, cols, rowwise, columnwise)
 
     if rows == 0 or cols == 0:  # nothing to read; an empty extent has amax 0 (as in the reference)
-        for amax in (row_amax, col_amax, tensor_amax):
-            if amax is not None:
-                amax.zero_()
+        _zero(row_amax, col_amax, tensor_amax)
     elif row_pass:
         _launch_row_pass(first_kernel, quantize_kernel, x, row_amax, col_amax, row_data, row_scale, col_data,
                          col_scale)
     else:
         _launch_quantize(first_kernel, quantize_kernel, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
                          col_data, col_scale)
+    return _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
+
+
+def _empty(device, *shape, dtype=torch.uint8):
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def _outputs(device, rows, cols, rowwise, columnwise):
+    row_data, row_scale = (_empty(device, rows, cols // 2), _empty(device, rows, cols // 16)) if rowwise else (None, None)
+    col_data, col_scale = (_empty(device, cols, rows // 2), _empty(device, cols, rows // 16)) if columnwise else (None, None)
+    return row_data, row_scale, col_data, col_scale
+
+
+def _zero(*amaxes):
+    for amax in amaxes:
+        if amax is not None:
+            amax.zero_()
+
+
+def _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max):
     e4m3 = torch.float8_e4m3fn
-    row = NVFP4Data(row_data, row_scale.view(e4m3), row_amax) if rowwise else None
-    col = NVFP4Data(col_data, col_scale.view(e4m3), col_amax) if columnwise else None
+    row = NVFP4Data(row_data, row_scale.view(e4m3), row_amax, e4m3_max) if rowwise else None
+    col = NVFP4Data(col_data, col_scale.view(e4m3), col_amax, e4m3_max) if columnwise else None
     return row, col
+
+
+def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
+                          options: QuantizeOptions):
+    """Stochastic rounding, the Hadamard transform and/or 4over6: an amax pass (amax_hadamard with the
+    transform: the columnwise amaxes are then those of the transformed copy), then the quantize_options kernel
+    of the options, which takes the copies, the scaling and the block shape as arguments. Stochastic rounding
+    reads the state's seed and offset on the device; fp4gen.quantize advances the offset afterwards."""
+    rows, cols = x.shape
+    device, row_scaled = x.device, scaling == "row"
+    pointers = {"x": _row_start_bits(x)} if x.numel() else {}
+    in_dtype = {"in_dtype": x.dtype}
+    values = {"rounding": options.rounding, "hadamard": "rht16" if options.hadamard else "none",
+              "four_over_six": "none" if options.four_over_six is None else "adaptive"}
+    amax_op = "amax_hadamard" if options.hadamard else "amax"
+    amax_kernel = _kernel_for(_problem(amax_op, device, in_dtype, cols, pointers))
+    kernel = _kernel_for(_problem("quantize_options", device, in_dtype, cols, pointers, values))
+
+    if row_scaled:
+        row_amax = _empty(device, rows, dtype=torch.float32) if rowwise else None
+        col_amax = _empty(device, cols, dtype=torch.float32) if columnwise else None
+    elif options.hadamard:  # the two copies have their own tensor amax: of x, and of the transformed x.T
+        row_amax = _empty(device, 1, dtype=torch.float32) if rowwise else None
+        col_amax = _empty(device, 1, dtype=torch.float32)
+    else:
+        row_amax = col_amax = _empty(device, 1, dtype=torch.float32)
+    row_data, row_scale, col_data, col_scale = _outputs(device, rows, cols, rowwise, columnwise)
+    e4m3_max = 448.0 if options.four_over_six is None else 256.0
+    if rows == 0 or cols == 0:
+        _zero(row_amax, col_amax)
+        return _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max)
+    stride = x.stride(0) if rows > 1 else cols
+    if options.hadamard:
+        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax) if row_scaled else None,
+                _ptr(col_amax) if row_scaled else None, None if row_scaled else _ptr(row_amax),
+                None if row_scaled else _ptr(col_amax))
+    elif row_scaled:
+        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), None)
+    else:
+        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, None, None, _ptr(row_amax))
+    rng_state = options.rng.tensor if options.rng is not None else None
+    _launch(kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), _ptr(row_data),
+            _ptr(row_scale), _ptr(col_data), _ptr(col_scale), _ptr(rng_state), 1 if row_scaled else 0,
+            1 if tuple(block) == (16, 16) else 0, 1 if options.four_over_six == "mse" else 0)
+    return _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max)
 
 
 def _ptr(t):

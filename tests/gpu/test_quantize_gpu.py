@@ -65,7 +65,7 @@ def heavy(rows, cols, dtype, seed):
 def test_golden_vectors_on_gpu(case):
     x, z = load_golden(case)
     q = fp4gen.quantize(x.cuda(), scaling=case["scaling"], block=tuple(case["block"]), rowwise=case["rowwise"],
-                        columnwise=case["columnwise"])
+                        columnwise=case["columnwise"], hadamard=case["rht"])
     for direction, suffix in (("rowwise", ""), ("columnwise", "_t")):
         if case[direction]:
             op = getattr(q, direction)

@@ -1,0 +1,124 @@
+// The amax pass before a quantization whose columnwise copy takes the random Hadamard transform: from one
+// read of x [M, K], the amaxes of the rowwise copy (of x itself: per row, and/or of the tensor) and of the
+// columnwise copy (of the transformed x.T, hadamard.cuh: per column, and/or of the tensor). NaN propagates,
+// as in amax.cuh: maxima are taken on |v|'s fp32 bit patterns, where NaN > Inf > every finite value.
+//
+// A CTA reads a 64 x 64 tile into shared memory (widened to fp32); thread t takes 16 elements of tile row
+// t / 4 and the 16-row group t / 64 of tile column t % 64, which it transforms.
+#pragma once
+
+#include "fp4gen/abi.h"
+#include "fp4gen/elements.cuh"
+#include "fp4gen/hadamard.cuh"
+
+namespace fp4gen {
+
+constexpr int kHadamardAmaxTile = 64, kHadamardAmaxThreads = 256;
+
+// |v|'s bits by clearing the sign bit: fabsf (abs.f32) may return another NaN than its input's.
+__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+
+// The NaN-propagating maximum over the CTA of each thread's `bits`, by thread 0 (shuffles, then warp maxima).
+__device__ __forceinline__ uint32_t cta_max_bits(uint32_t bits, uint32_t* warp_max) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
+  __syncthreads();
+  uint32_t m = 0;
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kHadamardAmaxThreads / 32; ++w) m = max(m, warp_max[w]);
+  }
+  return m;
+}
+
+template <class InT>
+__global__ void __launch_bounds__(kHadamardAmaxThreads)
+    amax_hadamard_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
+                         float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax) {
+  constexpr int kVec = Element<InT>::kPerVector, kVecsPerRow = kHadamardAmaxTile / kVec;
+  __shared__ float tile[kHadamardAmaxTile][kHadamardAmaxTile + 1];
+  __shared__ uint32_t col_partial[kHadamardAmaxThreads / kHadamardAmaxTile][kHadamardAmaxTile];
+  __shared__ uint32_t warp_max[2][kHadamardAmaxThreads / 32];
+  const int64_t row0 = int64_t{blockIdx.x} * kHadamardAmaxTile, col0 = int64_t{blockIdx.y} * kHadamardAmaxTile;
+  for (int i = threadIdx.x; i < kHadamardAmaxTile * kVecsPerRow; i += kHadamardAmaxThreads) {
+    const int r = i / kVecsPerRow, cv = i % kVecsPerRow;
+    const int64_t row = row0 + r, col = col0 + cv * kVec;
+    const uint4 vec = (row < rows && col < cols) ? *reinterpret_cast<const uint4*>(x + row * x_row_stride + col)
+                                                 : make_uint4(0u, 0u, 0u, 0u);  // zeros change no maximum
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) tile[r][cv * kVec + e] = Element<InT>::word_element_to_float(&vec.x, e);
+  }
+  __syncthreads();
+  // rows, untransformed: four threads a row
+  const int r = threadIdx.x / 4, part = threadIdx.x % 4;
+  uint32_t row_bits = 0;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) row_bits = max(row_bits, abs_bits(tile[r][16 * part + k]));
+  row_bits = max(row_bits, __shfl_xor_sync(0xFFFFFFFFu, row_bits, 1));
+  row_bits = max(row_bits, __shfl_xor_sync(0xFFFFFFFFu, row_bits, 2));
+  if (row_amax != nullptr && part == 0 && row0 + r < rows)
+    atomicMax(reinterpret_cast<unsigned int*>(row_amax + row0 + r), row_bits);
+  // columns, transformed: one 16-row group of one column a thread
+  const int c = threadIdx.x % kHadamardAmaxTile, g = threadIdx.x / kHadamardAmaxTile;
+  float v[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) v[k] = tile[16 * g + k][c];
+  hadamard16_to_bf16(v);
+  uint32_t col_bits = 0;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) col_bits = max(col_bits, abs_bits(v[k]));
+  col_partial[g][c] = col_bits;
+  __syncthreads();
+  if (col_amax != nullptr && threadIdx.x < kHadamardAmaxTile && col0 + threadIdx.x < cols) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < kHadamardAmaxThreads / kHadamardAmaxTile; ++i) m = max(m, col_partial[i][threadIdx.x]);
+    atomicMax(reinterpret_cast<unsigned int*>(col_amax + col0 + threadIdx.x), m);
+  }
+  if (row_tensor_amax != nullptr) {
+    const uint32_t m = cta_max_bits(row_bits, warp_max[0]);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(row_tensor_amax), m);
+  }
+  if (col_tensor_amax != nullptr) {
+    const uint32_t m = cta_max_bits(col_bits, warp_max[1]);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned int*>(col_tensor_amax), m);
+  }
+}
+
+template <class InT>
+int amax_hadamard_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
+                                float* col_amax, float* row_tensor_amax, float* col_tensor_amax) {
+  if (rows < 0 || cols < 0 || cols % 16 != 0 || rows % 16 != 0) return kInvalidProblem;  // 16-row groups
+  if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
+  if ((cols + kHadamardAmaxTile - 1) / kHadamardAmaxTile > 65535) return kInvalidProblem;  // gridDim.y
+  if (row_amax == nullptr && col_amax == nullptr && row_tensor_amax == nullptr && col_tensor_amax == nullptr)
+    return kInvalidProblem;
+  if (!aligned(x, 16) || (rows > 1 && (x_row_stride * static_cast<int64_t>(sizeof(InT))) % 16 != 0))
+    return kMisaligned;
+  return kOk;
+}
+
+template <class InT>
+int amax_hadamard_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
+                      float* col_amax, float* row_tensor_amax, float* col_tensor_amax, cudaStream_t stream) {
+  const int status = amax_hadamard_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax,
+                                                      row_tensor_amax, col_tensor_amax);
+  if (status != kOk) return status;
+  // atomicMax accumulates into the outputs, so they start at +0 (also the amax of an empty extent)
+  const struct { float* ptr; int64_t count; } outputs[] = {
+      {row_amax, rows}, {col_amax, cols}, {row_tensor_amax, 1}, {col_tensor_amax, 1}};
+  for (const auto& out : outputs) {
+    if (out.ptr == nullptr || out.count == 0) continue;
+    const cudaError_t err = cudaMemsetAsync(out.ptr, 0, out.count * sizeof(float), stream);
+    if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
+  }
+  if (rows == 0 || cols == 0) return kOk;
+  const dim3 grid(static_cast<unsigned>((rows + kHadamardAmaxTile - 1) / kHadamardAmaxTile),
+                  static_cast<unsigned>((cols + kHadamardAmaxTile - 1) / kHadamardAmaxTile));
+  amax_hadamard_kernel<InT><<<grid, kHadamardAmaxThreads, 0, stream>>>(static_cast<const InT*>(x), x_row_stride, rows,
+                                                                       cols, row_amax, col_amax, row_tensor_amax,
+                                                                       col_tensor_amax);
+  return launch_status();
+}
+
+}  // namespace fp4gen

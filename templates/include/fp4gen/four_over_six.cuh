@@ -1,0 +1,60 @@
+// 4over6 adaptive block scaling (docs/numerics.md, "4over6"), as runtime/four_over_six.py defines it: a
+// block (1x16, or a whole 16x16 tile) is encoded with the scale that maps its maximum to 6 and with the one
+// that maps it to 4, and keeps the candidate whose reconstruction errs less (strictly; ties and NaN errors
+// keep map-to-6). 4over6 tensors use Emax = 256, so the map-to-4 scale (1.5x) still fits E4M3.
+#pragma once
+
+#include "fp4gen/nvfp4.cuh"
+
+namespace fp4gen {
+
+constexpr float kFourOverSixNumerator = 6.0f * 256.0f;  // fl(6 * Emax), exact
+
+// GES with Emax 256: fl(1536 / amax), capped at FLT_MAX (NaN -> FLT_MAX), 1 for amax 0 or a zero quotient.
+__device__ __forceinline__ float global_encode_scale_4over6(float amax) {
+  const float s = fminf(__fdiv_rn(kFourOverSixNumerator, amax), kFltMax);
+  return (amax == 0.0f || s == 0.0f) ? 1.0f : s;
+}
+
+struct ScaleCandidate {
+  uint32_t scale_byte;  // E4M3
+  float scale;          // its value
+  float inverse;        // min(fl(1 / fl(scale * S_dec)), FLT_MAX)
+};
+
+__device__ __forceinline__ ScaleCandidate scale_candidate(float v, float s_dec) {
+  uint16_t pair;  // the E4M3 byte in the low half
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(v));
+  const float scale = e4m3_to_float(pair & 0xFFu);
+  return {static_cast<uint32_t>(pair & 0xFFu), scale, fminf(__frcp_rn(__fmul_rn(scale, s_dec)), kFltMax)};
+}
+
+// The two candidates of a block of amax `block_amax` (NaN ignored) under second-level amax `amax`:
+// base = fl(fl(block_amax / 6) * S_enc) (a true division, unlike the standard scale), map-to-4 = E4M3(1.5
+// base), map-to-6 = E4M3(base).
+__device__ __forceinline__ void four_over_six_candidates(float block_amax, float amax, ScaleCandidate& map4,
+                                                         ScaleCandidate& map6) {
+  const float s_enc = global_encode_scale_4over6(amax);
+  const float base = __fmul_rn(__fdiv_rn(block_amax, 6.0f), s_enc);
+  const float s_dec = __frcp_rn(s_enc);
+  map4 = scale_candidate(__fmul_rn(base, 1.5f), s_dec);
+  map6 = scale_candidate(base, s_dec);
+}
+
+// The error of 16 elements x (one block row) encoded as `codes` (element k in nibble k) with scale `scale`:
+// v = fl(fl(fl(e2m1 * scale) * amax) / 1536), summed left to right from 0 as |v - x| (MAE) or (v - x)^2
+// (MSE).
+__device__ __forceinline__ float four_over_six_row_error(const float (&x)[16], uint64_t codes, float scale,
+                                                         float amax, bool mse) {
+  float err = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const float value = e2m1_to_float(static_cast<uint32_t>(codes >> (4 * k)) & 0xFu);
+    const float v = __fdiv_rn(__fmul_rn(__fmul_rn(value, scale), amax), kFourOverSixNumerator);
+    const float d = __fsub_rn(v, x[k]);
+    err = __fadd_rn(err, mse ? __fmul_rn(d, d) : fabsf(d));
+  }
+  return err;
+}
+
+}  // namespace fp4gen
