@@ -31,7 +31,7 @@ class Recipe:
     weight_block: tuple = (16, 16)
     gradient_scaling: str = "tensor"
     stochastic_rounding: bool = False
-    hadamard_wgrad: bool = False
+    hadamard_wgrad: bool = True
     four_over_six: str | None = None
     four_over_six_error: str = "mae"
 

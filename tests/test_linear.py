@@ -23,9 +23,13 @@ def emulate(layer, x2d, dy2d):
     """y, dX, dW, db of the NVFP4 recipe: the three training GEMMs (docs/numerics.md) in float64, from operands
     quantized by the reference backend (on the inputs' device)."""
     recipe = layer.recipe
-    qx = fp4gen.quantize(x2d, scaling=recipe.activation_scaling, backend="reference")
-    qw = fp4gen.quantize(layer.weight.detach(), scaling="tensor", block=recipe.weight_block, backend="reference")
-    qdy = fp4gen.quantize(dy2d, scaling="tensor", backend="reference")
+    assert not recipe.stochastic_rounding, "the emulation rounds to nearest"
+    hadamard = recipe.hadamard_wgrad  # on both wgrad operands: their columnwise copies
+    qx = fp4gen.quantize(x2d, scaling=recipe.activation_scaling, hadamard=hadamard,
+                         four_over_six=recipe.activation_four_over_six, backend="reference")
+    qw = fp4gen.quantize(layer.weight.detach(), scaling="tensor", block=recipe.weight_block,
+                         four_over_six=recipe.weight_four_over_six, backend="reference")
+    qdy = fp4gen.quantize(dy2d, scaling=recipe.gradient_scaling, hadamard=hadamard, backend="reference")
     y = deq64(qx.rowwise) @ deq64(qw.rowwise).t()
     if layer.bias is not None:
         y = y + layer.bias.double()
