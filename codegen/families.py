@@ -109,6 +109,7 @@ FAMILIES = {
             Param("scale_row_stride", "int64_t"),  # bytes
             Param("amax_stride", "int64_t"),  # elements: 1 per-row amax, 0 per-tensor
             Param("out_row_stride", "int64_t"),  # elements
+            Param("inverse_decode_numerator", "float"),  # fl(1 / (6 * e4m3_max)): fl(1/2688), or fl(1/1536) (4over6)
         ),
         # each thread loads the codes of one 16-byte output vector (up to 4 bytes) and stores the vector
         constraints={"cols_multiple_of": 16},

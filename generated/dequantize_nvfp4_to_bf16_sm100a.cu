@@ -4,12 +4,12 @@
 
 using OutT = __nv_bfloat16;
 
-FP4GEN_EXPORT int dequantize_nvfp4_to_bf16_sm100a_can_implement(const uint8_t* data, const uint8_t* scale, const float* amax, void* out, int64_t rows, int64_t cols, int64_t data_row_stride, int64_t scale_row_stride, int64_t amax_stride, int64_t out_row_stride) {
-  return fp4gen::dequantize_can_implement<OutT>(data, scale, amax, out, rows, cols, data_row_stride, scale_row_stride, amax_stride, out_row_stride);
+FP4GEN_EXPORT int dequantize_nvfp4_to_bf16_sm100a_can_implement(const uint8_t* data, const uint8_t* scale, const float* amax, void* out, int64_t rows, int64_t cols, int64_t data_row_stride, int64_t scale_row_stride, int64_t amax_stride, int64_t out_row_stride, float inverse_decode_numerator) {
+  return fp4gen::dequantize_can_implement<OutT>(data, scale, amax, out, rows, cols, data_row_stride, scale_row_stride, amax_stride, out_row_stride, inverse_decode_numerator);
 }
 
-FP4GEN_EXPORT size_t dequantize_nvfp4_to_bf16_sm100a_workspace_size(const uint8_t* data, const uint8_t* scale, const float* amax, void* out, int64_t rows, int64_t cols, int64_t data_row_stride, int64_t scale_row_stride, int64_t amax_stride, int64_t out_row_stride) { return 0; }
+FP4GEN_EXPORT size_t dequantize_nvfp4_to_bf16_sm100a_workspace_size(const uint8_t* data, const uint8_t* scale, const float* amax, void* out, int64_t rows, int64_t cols, int64_t data_row_stride, int64_t scale_row_stride, int64_t amax_stride, int64_t out_row_stride, float inverse_decode_numerator) { return 0; }
 
-FP4GEN_EXPORT int dequantize_nvfp4_to_bf16_sm100a_run(const uint8_t* data, const uint8_t* scale, const float* amax, void* out, int64_t rows, int64_t cols, int64_t data_row_stride, int64_t scale_row_stride, int64_t amax_stride, int64_t out_row_stride, cudaStream_t stream) {
-  return fp4gen::dequantize_run<OutT>(data, scale, amax, out, rows, cols, data_row_stride, scale_row_stride, amax_stride, out_row_stride, stream);
+FP4GEN_EXPORT int dequantize_nvfp4_to_bf16_sm100a_run(const uint8_t* data, const uint8_t* scale, const float* amax, void* out, int64_t rows, int64_t cols, int64_t data_row_stride, int64_t scale_row_stride, int64_t amax_stride, int64_t out_row_stride, float inverse_decode_numerator, cudaStream_t stream) {
+  return fp4gen::dequantize_run<OutT>(data, scale, amax, out, rows, cols, data_row_stride, scale_row_stride, amax_stride, out_row_stride, inverse_decode_numerator, stream);
 }

@@ -91,13 +91,47 @@ needs_build = pytest.mark.skipif(not BUILT, reason="run `python build.py` first:
 def test_built_dequantize_library_checks_problems(name):
     kernel = library.load_kernel(name)
     rows, cols = 4, 64
-    ok = (0x1000, 0x2000, 0x3000, 0x4000, rows, cols, cols // 2, cols // 16, 1, cols)
+    ok = (0x1000, 0x2000, 0x3000, 0x4000, rows, cols, cols // 2, cols // 16, 1, cols, 1 / 2688)
     assert kernel.can_implement(*ok) == 0
+    assert kernel.can_implement(*ok[:10], 1 / 1536) == 0  # a 4over6 operand's factor
     assert kernel.workspace_size(*ok) == 0
     assert kernel.can_implement(0x1002, *ok[1:]) == 2  # data not 4-byte aligned
     assert kernel.can_implement(*ok[:3], 0x4008, *ok[4:]) == 2  # out not 16-byte aligned
     assert kernel.can_implement(*ok[:5], 40, *ok[6:]) == 1  # cols not a multiple of 16
-    assert kernel.can_implement(*ok[:8], 2, cols) == 1  # amax stride must be 0 or 1
+    assert kernel.can_implement(*ok[:8], 2, cols, ok[10]) == 1  # amax stride must be 0 or 1
+    assert kernel.can_implement(*ok[:10], 0.0) == 1  # the decode factor must be positive
+
+
+@needs_build
+@pytest.mark.parametrize("name", _kernels("amax_hadamard"))
+def test_built_amax_hadamard_library_checks_problems(name):
+    kernel = library.load_kernel(name)
+    ok = (0x1000, 64, 32, 64, 0x2000, 0x3000, None, 0x4000)
+    assert kernel.can_implement(*ok) == 0
+    assert kernel.can_implement(0x1008, *ok[1:]) == 2  # x not 16-byte aligned
+    assert kernel.can_implement(*ok[:2], 40, *ok[3:]) == 1  # rows not whole 16-row groups
+    assert kernel.can_implement(*ok[:4], None, None, None, None) == 1  # nothing to compute
+
+
+@needs_build
+@pytest.mark.parametrize("name", _kernels("quantize_options"))
+def test_built_quantize_options_library_checks_problems(name):
+    kernel = library.load_kernel(name)
+    stochastic, hadamard = "_sr_" in name, "_rht16_" in name
+    # x, stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, rng, vector, 2d, mse
+    ok = (0x1000, 64, 32, 64, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000, 0x8000, 1, 0, 0)
+    assert kernel.can_implement(*ok) == 0
+    assert kernel.workspace_size(*ok) == 0
+    assert kernel.can_implement(0x1008, *ok[1:]) == 2  # x not 16-byte aligned
+    assert kernel.can_implement(*ok[:3], 40, *ok[4:]) == 1  # cols not a multiple of 16
+    assert kernel.can_implement(*ok[:2], 24, *ok[3:]) == 1  # a columnwise copy needs rows % 16 == 0
+    assert kernel.can_implement(*ok[:11], 2, 0, 0) == 1  # vector_amax is 0 or 1
+    # 16x16 blocks: per tensor and without the transform
+    assert kernel.can_implement(*ok[:11], 0, 1, 0) == (1 if hadamard else 0)
+    assert kernel.can_implement(*ok[:11], 1, 1, 0) == 1
+    # the transform is of the columnwise copy; stochastic rounding needs the state
+    assert kernel.can_implement(*ok[:8], None, None, *ok[10:]) == (1 if hadamard else 0)
+    assert kernel.can_implement(*ok[:10], None, *ok[11:]) == (1 if stochastic else 0)
 
 
 @needs_build

@@ -75,14 +75,12 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, o
         out = torch.empty(rows, cols, dtype=dtype, device=device)
     data, scale = operand.data, operand.scale.view(torch.uint8)
     amax = operand.amax.contiguous()
-    # the kernels decode with 6 * 448; a 4over6 operand (e4m3_max 256) needs a kernel that declares it
-    values = {"e4m3_max": f"{operand.e4m3_max:g}"} if with_amax and operand.e4m3_max != 448.0 else {}
     problem = _problem("dequantize", device, {"out_dtype": dtype}, cols,
-                       {"data": _row_start_bits(data), "out": _row_start_bits(out)}, values)
+                       {"data": _row_start_bits(data), "out": _row_start_bits(out)})
     kernel = _kernel_for(problem)
     _launch(kernel, device, data.data_ptr(), scale.data_ptr(), amax.data_ptr() if with_amax else None,
             out.data_ptr(), rows, cols, data.stride(0), scale.stride(0), 1 if operand.row_scaled else 0,
-            out.stride(0))
+            out.stride(0), 1.0 / (6.0 * operand.e4m3_max))  # ctypes rounds the double quotient: fl(1/(6 e4m3_max))
     return out
 
 

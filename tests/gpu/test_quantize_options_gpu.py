@@ -186,3 +186,18 @@ def test_linear_with_every_option_matches_the_reference_backend(gradient_scaling
     ref = run("cuda", "reference")
     for got, want in zip(cuda, ref):  # same quantized bytes; the GEMMs differ only in summation order
         assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("scaling,block", LAYOUTS)
+def test_dequantize_of_four_over_six_operands_equals_reference(dtype, scaling, block):
+    x = torch.randn(128, 256, device="cuda") * 5
+    x[-1, -16:] = 3e38  # blocks whose fl(sdec * amax) overflows take the factor in the other order
+    q = fp4gen.quantize(x, scaling, block, four_over_six="mse")
+    for copy in (q.rowwise, q.columnwise):
+        got = fp4gen.dequantize(copy, dtype)
+        want = fp4gen.dequantize(copy, dtype, backend="reference")
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+        if dtype == torch.float32:  # (fp16 flushes this tensor-scaled data to 0 and inf either way)
+            plain = fp4gen.NVFP4Data(copy.data, copy.scale, copy.amax)  # the same bytes read with 6 * 448
+            assert not torch.equal(fp4gen.dequantize(plain, dtype), got)

@@ -1,5 +1,6 @@
 // NVFP4 dequantization (docs/numerics.md): out = OutT(fl(e2m1 * fl(fl(sdec * amax) * fl(1/2688)))), upstream's
-// order. Where fl(sdec * amax) overflows for a finite amax, that order gives inf although the true value (at
+// order; fl(1/2688) is the run-time argument inverse_decode_numerator = fl(1 / (6 * e4m3_max)), fl(1/1536) for
+// a 4over6 operand. Where fl(sdec * amax) overflows for a finite amax, that order gives inf although the true value (at
 // most amax) is finite, so such a block takes the factor in the other order, fl(fl(amax * fl(1/2688)) * sdec),
 // which stays finite (docs/numerics.md, deliberate differences), as the reference backend does. With a null
 // amax it writes the block-scaled values e2m1 * sdec (the GEMM's operands) instead.
@@ -58,7 +59,7 @@ template <class OutT>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scale,
                                   const float* __restrict__ amax, OutT* __restrict__ out, int64_t rows,
                                   int64_t cols, int64_t data_row_stride, int64_t scale_row_stride,
-                                  int64_t amax_stride, int64_t out_row_stride) {
+                                  int64_t amax_stride, int64_t out_row_stride, float inverse_decode_numerator) {
   constexpr int kElems = kElemsPerThread<OutT>;
   const int64_t col = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * kElems;
   if (col >= cols) return;
@@ -85,8 +86,8 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_
       if (amax != nullptr) {
         const float scaled_amax = __fmul_rn(sdec[r], row_amax[r]);
         factor = isinf(scaled_amax) && isfinite(row_amax[r])  // amax within a factor 448 of FLT_MAX
-                     ? __fmul_rn(__fmul_rn(row_amax[r], kInvGlobalEncodeNumerator), sdec[r])
-                     : __fmul_rn(scaled_amax, kInvGlobalEncodeNumerator);
+                     ? __fmul_rn(__fmul_rn(row_amax[r], inverse_decode_numerator), sdec[r])
+                     : __fmul_rn(scaled_amax, inverse_decode_numerator);
       }
       float v[kElems];
 #pragma unroll
@@ -100,7 +101,7 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_
 template <class OutT>
 int dequantize_can_implement(const uint8_t* data, const uint8_t* scale, const float* amax, void* out,
                              int64_t rows, int64_t cols, int64_t data_row_stride, int64_t scale_row_stride,
-                             int64_t amax_stride, int64_t out_row_stride) {
+                             int64_t amax_stride, int64_t out_row_stride, float inverse_decode_numerator) {
   if (rows < 0 || cols < 0 || cols % 16 != 0) return kInvalidProblem;
   if (amax_stride != 0 && amax_stride != 1) return kInvalidProblem;
   if (cols / kElemsPerThread<OutT> > int64_t(65535) * 256) return kInvalidProblem;  // gridDim.y covers a row
@@ -108,6 +109,7 @@ int dequantize_can_implement(const uint8_t* data, const uint8_t* scale, const fl
     return kInvalidProblem;
   if (!aligned(data, 4) || data_row_stride % 4 != 0) return kMisaligned;
   if (!aligned(out, 16) || (out_row_stride * static_cast<int64_t>(sizeof(OutT))) % 16 != 0) return kMisaligned;
+  if (!(inverse_decode_numerator > 0.0f)) return kInvalidProblem;
   (void)scale;
   (void)amax;
   return kOk;
@@ -116,9 +118,10 @@ int dequantize_can_implement(const uint8_t* data, const uint8_t* scale, const fl
 template <class OutT>
 int dequantize_run(const uint8_t* data, const uint8_t* scale, const float* amax, void* out, int64_t rows,
                    int64_t cols, int64_t data_row_stride, int64_t scale_row_stride, int64_t amax_stride,
-                   int64_t out_row_stride, cudaStream_t stream) {
+                   int64_t out_row_stride, float inverse_decode_numerator, cudaStream_t stream) {
   const int status = dequantize_can_implement<OutT>(data, scale, amax, out, rows, cols, data_row_stride,
-                                                    scale_row_stride, amax_stride, out_row_stride);
+                                                    scale_row_stride, amax_stride, out_row_stride,
+                                                    inverse_decode_numerator);
   if (status != kOk) return status;
   const int64_t vectors_per_row = cols / kElemsPerThread<OutT>;
   if (rows == 0 || vectors_per_row == 0) return kOk;
@@ -138,7 +141,7 @@ int dequantize_run(const uint8_t* data, const uint8_t* scale, const float* amax,
                   static_cast<unsigned>(col_blocks));
   dequantize_kernel<OutT><<<grid, block, 0, stream>>>(
       data, scale, amax, static_cast<OutT*>(out), rows, cols, data_row_stride, scale_row_stride, amax_stride,
-      out_row_stride);
+      out_row_stride, inverse_decode_numerator);
   return launch_status();
 }
 
