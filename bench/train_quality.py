@@ -21,9 +21,9 @@ Run it on a GPU, from the repository root:
 
     python bench/train_quality.py [--presets bf16,default,rn,...] [--json results.json]
 
-800 steps of 32 x 256 bytes per preset. The bf16 run took 13 s on an H200 (12.9 ms a step, torch 2.11,
-2026-12-01); an NVFP4 run takes its "time vs bf16" column times that, so all 13 presets take about
-3 minutes times the NVFP4 runs' mean step-time ratio: roughly 5 to 10 minutes. The header lines (GPU,
+800 steps of 32 x 256 bytes per preset. On an H200 (torch 2.11, 2026-12-01) the bf16 run took about 13 s
+(12.6-13.8 ms a step) and each NVFP4 run 30-43 s (37-54 ms a step: eager and host-bound at this size), so
+all 15 presets take about 10 minutes. The header lines (GPU,
 torch, commit, date) and both tables are printed so they can be pasted into bench/RESULTS.md.
 
 The corpus is whatever .py files the running Python's stdlib directory holds (all of them below the
