@@ -4,6 +4,10 @@
     dgrad  dX = dY W   dY rowwise (per tensor)       x  W columnwise
     wgrad  dW = dYᵀ X  dY columnwise (per tensor)    x  X columnwise (per-column amax when row-scaled)
 
+with the default Recipe; its options change the scalings (gradient_scaling), transform both wgrad operands
+(hadamard_wgrad, the default), round dY stochastically (stochastic_rounding) or pick 4over6 scales for X
+and/or W (four_over_six).
+
 Forward saves only NVFP4 copies for backward (X columnwise, W columnwise), never the high-precision X.
 The quantized weight is cached while the weight is unchanged: the cache key holds the weight's version
 counter (bumped by every in-place update through the parameter) and a count of optimizer steps taken in
@@ -28,6 +32,7 @@ from .rng import RNGState
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
 PARAM_DTYPES = INPUT_DTYPES  # the parameters are quantized as they are
+
 
 def _no_rng(like: torch.Tensor) -> torch.Tensor:
     """The rng_state argument of a quantize call that draws no random bits (never read)."""
