@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 import fp4gen
+from fp4gen.demo import device_argument  # the demo's --device checks
 
 VAL_FRACTION = 0.05  # the last 5% of the corpus bytes are held out
 LR, MIN_LR_FRACTION, WARMUP_STEPS = 1e-3, 0.1, 50
@@ -509,21 +510,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _device(p: argparse.ArgumentParser, name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        p.error(f"--device {name!r} is not a device; use cpu, cuda or cuda:N")
-    if not ((device.type == "cpu" and device.index is None) or device.type == "cuda"):
-        p.error(f"--device {name!r} is not supported; use cpu, cuda or cuda:N")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            p.error(f"--device {name}: CUDA is not available (torch.cuda.is_available() is False); use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            p.error(f"--device {name}: there are only {torch.cuda.device_count()} CUDA device(s)")
-    return device
-
-
 def _presets(p: argparse.ArgumentParser, text: str) -> list:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
@@ -579,7 +565,7 @@ def main(argv=None) -> list:
     args = p.parse_args(argv)
     args.presets = _presets(p, args.presets)
     _check_args(p, args)
-    device = _device(p, args.device)
+    device = device_argument(p, args.device)
 
     corpus = load_corpus(int(args.corpus_mb * 1e6))
     train_data, val_data = split_corpus(corpus)

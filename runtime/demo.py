@@ -99,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _device(p: argparse.ArgumentParser, name: str) -> torch.device:
+def device_argument(p: argparse.ArgumentParser, name: str) -> torch.device:
+    """The torch.device a --device NAME option names, or a parser error that says what is wrong with it."""
     try:
         device = torch.device(name)
     except RuntimeError:
@@ -139,7 +140,7 @@ def main(argv=None) -> float:
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps must be >= 1 (got {args.steps})")
-    device = _device(p, args.device)
+    device = device_argument(p, args.device)
     if not args.no_plot:
         _check_plot(p, args.out)
 

@@ -17,16 +17,5 @@ class QuantizeOptions:
     hadamard: bool = False  # the 16-point random Hadamard transform on the columnwise copy
     four_over_six: str | None = None  # None, "mae" or "mse": per-block choice of map-to-4 or map-to-6
 
-    def kernel_values(self) -> dict:
-        """The options that differ from the defaults, as kernel spec values (what a kernel must declare)."""
-        values = {}
-        if self.rounding != "nearest":
-            values["rounding"] = self.rounding
-        if self.hadamard:
-            values["hadamard"] = "rht16"
-        if self.four_over_six is not None:
-            values["four_over_six"] = self.four_over_six
-        return values
-
 
 DEFAULT_OPTIONS = QuantizeOptions()

@@ -11,9 +11,6 @@
 
 namespace fp4gen {
 
-// fl(1 / fl(6 * 448)): the global decode factor of spec 2.4 (a compile-time IEEE division).
-constexpr float kInvGlobalEncodeNumerator = 1.0f / (6.0f * 448.0f);
-
 // E2M1 code (low 4 bits) -> its exact value. Bit 3 is the sign, so code 0x8 is -0.0.
 __device__ __forceinline__ float e2m1_to_float(uint32_t code) {
   const uint32_t exponent = (code >> 1) & 3u, mantissa = code & 1u;
