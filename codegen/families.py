@@ -35,6 +35,8 @@ class Family:
     # combinations no kernel can be built for: ((predicate(values, facts) -> True to drop, reason), ...);
     # expansion drops them, and a spec left with none is a SpecError giving the reasons
     excluded: tuple = ()
+    # axis -> the value a spec that leaves the axis out gets (an axis added later, so older specs still load)
+    defaults: tuple = ()  # ((axis, value), ...)
 
 
 def _tokens(table: dict, fmt: str = "{}") -> dict:
@@ -142,6 +144,7 @@ FAMILIES = {
             "direction": {"rowwise": "row", "columnwise": "col", "both": "rowcol"},
             "scaling": {"row": "rowscaled", "tensor": "tensorscaled"},
             "block": {"1x16": "b1x16", "16x16": "b16x16"},
+            "hadamard": {"none": "", "rht16": "rht16"},  # no token for none: the plain kernels keep their names
             "arch": _tokens(tables.ARCHS),
         },
         params=(
@@ -158,7 +161,13 @@ FAMILIES = {
         alignment={"x": 16},
         excluded=((lambda values, facts: values["scaling"] == "row" and values["block"] == "16x16",
                    "row scaling with 16x16 blocks: a 16x16 block shares one scale across 16 rows, so it cannot "
-                   "take a per-row amax"),),
+                   "take a per-row amax"),
+                  (lambda values, facts: facts["hadamard"] and (values["direction"] != "columnwise"
+                                                                or values["block"] != "1x16"),
+                   "the Hadamard transform in a kernel with a rowwise copy or 16x16 blocks: the transform is of "
+                   "the columnwise 1x16 copy, which the columnwise-only kernel makes (transforming each tile in "
+                   "place)")),
+        defaults=(("hadamard", "none"),),
     ),
     "row_pass": Family(
         name="row_pass",
@@ -167,18 +176,25 @@ FAMILIES = {
                     "from one DRAM read of each row panel",
         template="row_pass.cu.j2",
         name_prefix="quantize_row_pass",
-        axes={"in_dtype": _tokens(tables.DTYPES), "arch": _tokens(tables.ARCHS)},
+        axes={"in_dtype": _tokens(tables.DTYPES), "hadamard": {"none": "", "rht16": "rht16"},
+              "arch": _tokens(tables.ARCHS)},
         params=(
             *_INPUT_PARAMS,
             Param("row_amax", "float*"),  # [rows]
-            Param("col_amax", "float*"),  # [cols], or null for no per-column amax (and no workspace)
+            # [cols], or null for no per-column amax (and no workspace); with rht16, of the transformed x.T (required)
+            Param("col_amax", "float*"),
             Param("row_data", "uint8_t*"),  # [rows, cols/2], contiguous
             Param("row_scale", "uint8_t*"),  # [rows, cols/16], contiguous
             Param("workspace", "void*"),  # workspace_size() bytes: each CTA's column maxima
         ),
-        # the column maxima live in shared memory: can_implement refuses rows of more than 200 KB with col_amax
+        # the column maxima live in shared memory: can_implement refuses rows of more than 200 KB with col_amax;
+        # rht16 takes whole 16-row panels and rows of up to 16384 elements (a cluster of 8 CTAs holds a panel)
         constraints={"cols_multiple_of": 16},
         alignment={"x": 16},
+        excluded=((lambda values, facts: facts["hadamard"] and values["in_dtype"] == "fp32",
+                   "rht16 with fp32 input: the kernel's lanes hold 8 16-bit columns (fp32 rows with the transform "
+                   "take the amax_hadamard pass and the quantize_options kernel)"),),
+        defaults=(("hadamard", "none"),),
     ),
     "amax_hadamard": Family(
         name="amax_hadamard",

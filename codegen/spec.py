@@ -81,10 +81,11 @@ def _check_axis_value(file, key_path, family: Family, axis: str, value):
 
 def _check_axes(file, family: Family, node) -> tuple:
     _check_mapping(file, "axes", node)
-    _check_keys(file, "axes", node, family.axes, required=family.axes)
+    defaults = dict(family.defaults)
+    _check_keys(file, "axes", node, family.axes, required=[axis for axis in family.axes if axis not in defaults])
     axes = []
     for axis in family.axes:  # family order: deterministic expansion and names
-        values = node[axis]
+        values = node[axis] if axis in node else [defaults[axis]]
         if not isinstance(values, list) or not values:
             raise SpecError(file, f"axes.{axis}", f"must be a non-empty list of values, got {values!r}")
         for i, value in enumerate(values):

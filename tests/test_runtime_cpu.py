@@ -165,7 +165,7 @@ def test_built_quantize_library_checks_problems(name):
 
 
 @needs_build
-@pytest.mark.parametrize("name", _kernels("row_pass"))
+@pytest.mark.parametrize("name", [n for n in _kernels("row_pass") if MANIFEST["kernels"][n]["values"]["hadamard"] == "none"])
 def test_built_row_pass_library_checks_problems(name):
     kernel = library.load_kernel(name)
     elem = {"bf16": 2, "fp16": 2, "fp32": 4}[MANIFEST["kernels"][name]["values"]["in_dtype"]]
@@ -180,6 +180,23 @@ def test_built_row_pass_library_checks_problems(name):
     wide = 200 * 1024 // elem + 16
     assert kernel.can_implement(ok[0], wide, ok[2], wide, *ok[4:]) == 1
     assert kernel.can_implement(ok[0], wide, ok[2], wide, ok[4], None, *ok[6:]) == 0
+
+
+@needs_build
+@pytest.mark.parametrize("name", [n for n in _kernels("row_pass") if MANIFEST["kernels"][n]["values"]["hadamard"] == "rht16"])
+def test_built_hadamard_row_pass_library_checks_problems(name):
+    kernel = library.load_kernel(name)
+    ok = (0x1000, 64, 32, 64, 0x2000, 0x2100, 0x3000, 0x4000, None)  # no workspace
+    assert kernel.can_implement(*ok) == 0
+    assert kernel.workspace_size(*ok) == 0
+    assert kernel.can_implement(*ok[:2], 24, *ok[3:]) == 1  # 16-row panels: rows a multiple of 16
+    assert kernel.can_implement(0x1004, *ok[1:]) == 2  # x not 16-byte aligned
+    assert kernel.can_implement(*ok[:6], 0x3004, *ok[7:]) == 2  # codes not 8-byte aligned
+    assert kernel.can_implement(*ok[:3], 24, *ok[4:]) == 1  # cols not a multiple of 16
+    assert kernel.can_implement(*ok[:5], None, *ok[6:]) == 1  # the column amax is what the pass is for
+    # a cluster of at most 8 CTAs of 2048 columns holds a panel
+    assert kernel.can_implement(ok[0], 16384, ok[2], 16384, *ok[4:]) == 0
+    assert kernel.can_implement(ok[0], 16400, ok[2], 16400, *ok[4:]) == 1
 
 
 def test_gemm_tile_choice_follows_m():

@@ -132,7 +132,7 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}  # an empty x is never read
     in_dtype = {"in_dtype": x.dtype}
     if row_pass:
-        first_kernel = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers))
+        first_kernel = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers, {"hadamard": "none"}))
     else:
         first_kernel = _kernel_for(_problem("amax", device, in_dtype, cols, pointers))
     quantize_direction = "columnwise" if row_pass else ("both" if rowwise and columnwise else
@@ -140,7 +140,8 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     quantize_kernel = None
     if columnwise or not row_pass:
         quantize_kernel = _kernel_for(_problem("quantize", device, in_dtype, cols, pointers, {
-            "direction": quantize_direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}"}))
+            "direction": quantize_direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}",
+            "hadamard": "none"}))
 
     if row_scaled:  # per-row amax for the rowwise copy, per-column amax for the columnwise copy
         row_amax = _empty(device, rows, dtype=torch.float32) if rowwise else None
@@ -184,12 +185,28 @@ def _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_
     return row, col
 
 
+# The Hadamard transform alone (1x16 blocks, round to nearest) takes the plain kernels' structure: the
+# columnwise-only quantize kernel transforms each tile in place (spec quantize_hadamard.yaml). Before it,
+# row scaling with a rowwise copy takes the row pass with the transform (16-bit rows of up to this many
+# elements: a cluster of 8 CTAs holds a 16-row panel), which also makes the rowwise copy; anything else takes
+# the amax_hadamard pass and, for a rowwise copy, the plain rowwise-only kernel.
+ROW_PASS_HADAMARD_MAX_COLS = 16384
+
+
+def _hadamard_only(block: tuple, columnwise: bool, options: QuantizeOptions) -> bool:
+    return (options.hadamard and options.rounding == "nearest" and options.four_over_six is None
+            and tuple(block) == (1, 16) and columnwise)
+
+
 def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
                           options: QuantizeOptions):
     """Stochastic rounding, the Hadamard transform and/or 4over6: an amax pass (amax_hadamard with the
     transform: the columnwise amaxes are then those of the transformed copy), then the quantize_options kernel
     of the options, which takes the copies, the scaling and the block shape as arguments. Stochastic rounding
-    reads the state's seed and offset on the device; fp4gen.quantize advances the offset afterwards."""
+    reads the state's seed and offset on the device; fp4gen.quantize advances the offset afterwards. The
+    transform alone takes _quantize_hadamard."""
+    if _hadamard_only(block, columnwise, options):
+        return _quantize_hadamard(x, scaling, rowwise)
     rows, cols = x.shape
     device, row_scaled = x.device, scaling == "row"
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}
@@ -227,6 +244,49 @@ def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: 
             _ptr(row_scale), _ptr(col_data), _ptr(col_scale), _ptr(rng_state), 1 if row_scaled else 0,
             1 if tuple(block) == (16, 16) else 0, 1 if options.four_over_six == "mse" else 0)
     return _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max)
+
+
+def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool):
+    """The columnwise copy with the Hadamard transform (and the plain rowwise copy, if asked for), 1x16 blocks,
+    round to nearest: see ROW_PASS_HADAMARD_MAX_COLS."""
+    rows, cols = x.shape
+    device, row_scaled = x.device, scaling == "row"
+    pointers = {"x": _row_start_bits(x)} if x.numel() else {}
+    in_dtype = {"in_dtype": x.dtype}
+    row_pass = (row_scaled and rowwise and x.element_size() == 2 and cols <= ROW_PASS_HADAMARD_MAX_COLS
+                and ROW_PASS_MAX_ROW_BYTES > 0)  # (row_pass_limits(0) turns it off, as for the plain path)
+
+    def quantize_kernel(direction, hadamard):
+        return _kernel_for(_problem("quantize", device, in_dtype, cols, pointers, {
+            "direction": direction, "scaling": scaling, "block": "1x16", "hadamard": hadamard}))
+
+    col_kernel = quantize_kernel("columnwise", "rht16")
+    if row_scaled:
+        row_amax = _empty(device, rows, dtype=torch.float32) if rowwise else None
+        col_amax = _empty(device, cols, dtype=torch.float32)
+    else:  # the two copies have their own tensor amax: of x, and of the transformed x.T
+        row_amax = _empty(device, 1, dtype=torch.float32) if rowwise else None
+        col_amax = _empty(device, 1, dtype=torch.float32)
+    row_data, row_scale, col_data, col_scale = _outputs(device, rows, cols, rowwise, True)
+    if rows == 0 or cols == 0:
+        _zero(row_amax, col_amax)
+        return _operands(rowwise, True, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
+    stride = x.stride(0) if rows > 1 else cols
+    if row_pass:
+        first = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers, {"hadamard": "rht16"}))
+        _launch(first, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), _ptr(row_data),
+                _ptr(row_scale), None)
+    else:
+        amax_kernel = _kernel_for(_problem("amax_hadamard", device, in_dtype, cols, pointers))
+        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax) if row_scaled else None,
+                _ptr(col_amax) if row_scaled else None, None if row_scaled else _ptr(row_amax),
+                None if row_scaled else _ptr(col_amax))
+        if rowwise:
+            _launch(quantize_kernel("rowwise", "none"), device, x.data_ptr(), stride, rows, cols, _ptr(row_amax),
+                    None, _ptr(row_data), _ptr(row_scale), None, None)
+    _launch(col_kernel, device, x.data_ptr(), stride, rows, cols, None, _ptr(col_amax), None, None, _ptr(col_data),
+            _ptr(col_scale))
+    return _operands(rowwise, True, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
 
 
 def _ptr(t):

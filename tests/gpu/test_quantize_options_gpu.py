@@ -66,6 +66,49 @@ def test_every_option_equals_reference(dtype, option, scaling, block, copies, ro
                              **kwargs)
 
 
+def _launched_kernels(monkeypatch):
+    from fp4gen.cuda import ops
+    names = []
+    real_launch = ops._launch
+
+    def launch(kernel, device, *args):
+        names.append(kernel.name)
+        real_launch(kernel, device, *args)
+
+    monkeypatch.setattr(ops, "_launch", launch)
+    return names
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("cols", [16, 2064, 4112, 6160, 16384, 16400])
+def test_hadamard_row_pass_over_cluster_widths(dtype, cols, monkeypatch):
+    # the row pass with the transform holds a 16-row panel in a cluster of CTAs of up to 2048 columns: one
+    # CTA, several with a part-filled last one, the widest cluster (8 CTAs); wider rows take the amax_hadamard
+    # pass and the plain rowwise kernel
+    launched = _launched_kernels(monkeypatch)
+    torch.manual_seed(cols)
+    x = torch.randn(48, cols, device="cuda") * torch.exp2(torch.randint(-8, 9, (48, 1), device="cuda").float())
+    x[:, -1] *= 50.0  # an outlier in the last column
+    assert_same_as_reference(x.to(dtype), scaling="row", hadamard=True)
+    row_pass = [n for n in launched if n.startswith("quantize_row_pass")]
+    if cols <= 16384:
+        assert row_pass and "rht16" in row_pass[0], launched
+    else:
+        assert not row_pass and any(n.startswith("amax_hadamard") for n in launched), launched
+    assert any(n.startswith("quantize_nvfp4_") and "col_rowscaled_b1x16_rht16" in n for n in launched), launched
+
+
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+def test_hadamard_alone_takes_the_plain_kernels(scaling, monkeypatch):
+    launched = _launched_kernels(monkeypatch)
+    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    assert_same_as_reference(x, scaling=scaling, hadamard=True)
+    assert not any("options" in n for n in launched), launched
+    launched.clear()
+    assert_same_as_reference(x, scaling=scaling, hadamard=True, rounding="stochastic")
+    assert any("options" in n for n in launched), launched  # with stochastic rounding: quantize_options
+
+
 @pytest.mark.parametrize("option", ["sr", "4o6-mae"])
 @pytest.mark.parametrize("scaling", ["row", "tensor"])
 def test_rowwise_only_with_a_row_tail(option, scaling):

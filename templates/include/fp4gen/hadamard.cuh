@@ -4,16 +4,22 @@
 //   for h = 1, 2, 4, 8 and every j with bit h clear: (u_j, u_{j+h}) <- (fl(u_j + u_{j+h}), fl(u_j - u_{j+h}));
 //   g'_k = bf16_RNE(u_k), and a NaN u_k (a NaN input, or +Inf meeting -Inf) is the quiet NaN 0x7FC0 whatever
 //   its payload, so that the amaxes' bit patterns agree across backends.
-// Every input dtype ends in bf16 values (returned widened to fp32, exactly).
+// Every input dtype ends in bf16 values.
 #pragma once
 
+#include <cstdint>
+#include <type_traits>
+
 #include <cuda_bf16.h>
+
+#include "fp4gen/elements.cuh"
 
 namespace fp4gen {
 
 constexpr uint32_t kRhtSignMask = 0xD7E8u;
 
-__device__ __forceinline__ void hadamard16_to_bf16(float (&v)[16]) {
+// The transform in fp32 (u after the four butterfly stages), before the rounding to bf16.
+__device__ __forceinline__ void hadamard16_fp32(float (&v)[16]) {
 #pragma unroll
   for (int j = 0; j < 16; ++j) v[j] = __fmul_rn(v[j], ((kRhtSignMask >> j) & 1u) ? -0.25f : 0.25f);
 #pragma unroll
@@ -26,9 +32,56 @@ __device__ __forceinline__ void hadamard16_to_bf16(float (&v)[16]) {
       }
     }
   }
+}
+
+// The transform, each value returned as its bf16 widened to fp32 (exactly), NaN as 0x7FC00000.
+__device__ __forceinline__ void hadamard16_to_bf16(float (&v)[16]) {
+  hadamard16_fp32(v);
 #pragma unroll
   for (int j = 0; j < 16; ++j)
     v[j] = isnan(v[j]) ? __uint_as_float(0x7FC00000u) : __bfloat162float(__float2bfloat16_rn(v[j]));
+}
+
+// Word w (0-3) of a 16-byte vector.
+__device__ __forceinline__ uint32_t& vector_word(uint4& v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
+
+// Two fp32 values rounded to bf16 (RNE) and packed, `low` in the low half: one conversion instruction. A NaN
+// becomes some bf16 NaN (the hardware's; callers that store NaN bits canonicalize them).
+__device__ __forceinline__ uint32_t pack_bf16x2(float low, float high) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// The transform of every column of a quantize lane's patch (16 rows x one 16-byte vector: patch[i] is row i),
+// in place. 16-bit inputs are left as bf16 pairs (two columns a word, as the input was packed), fp32 inputs as
+// fp32 words holding bf16 values; HadamardPatchElement names the type. NaN is left as whatever NaN the
+// conversion gives: the codes and block scales do not depend on a NaN's bits.
+template <class InT>
+using HadamardPatchElement = std::conditional_t<sizeof(InT) == 2, __nv_bfloat16, float>;
+
+template <class InT>
+__device__ __forceinline__ void hadamard_patch(uint4 (&patch)[16]) {
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    if constexpr (sizeof(InT) == 2) {  // two columns a word, transformed side by side and packed by one cvt
+      float low[16], high[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const uint32_t word = vector_word(patch[k], w);
+        low[k] = Element<InT>::word_element_to_float(&word, 0), high[k] = Element<InT>::word_element_to_float(&word, 1);
+      }
+      hadamard16_fp32(low), hadamard16_fp32(high);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) vector_word(patch[k], w) = pack_bf16x2(low[k], high[k]);
+    } else {
+      float v[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) v[k] = __uint_as_float(vector_word(patch[k], w));
+      hadamard16_fp32(v);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) vector_word(patch[k], w) = __float_as_uint(__bfloat162float(__float2bfloat16_rn(v[k])));
+    }
+  }
 }
 
 }  // namespace fp4gen

@@ -43,6 +43,7 @@
 
 #include "fp4gen/abi.h"
 #include "fp4gen/elements.cuh"
+#include "fp4gen/hadamard.cuh"
 #include "fp4gen/nvfp4.cuh"
 
 namespace fp4gen {
@@ -204,13 +205,17 @@ __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, in
 
 // Persistent CTAs, each over a contiguous run of units (see kUnitTiles) in row-major order; after the row pass,
 // single tiles dealt in turn (quant_after_row_pass).
-template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt>
+template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt, bool kHadamard>
 __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     quantize_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
                     const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                     uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale, uint8_t* __restrict__ col_data,
                     uint8_t* __restrict__ col_scale) {
   using L = QuantLane<InT>;
+  // kHadamard (the columnwise-only kernel): each tile's patch is transformed in place before anything reads it,
+  // and from then on holds V values (bf16, or fp32 words holding bf16 values; hadamard.cuh).
+  static_assert(!kHadamard || (kColwise && !kRowwise && !k2D), "the transform is of the columnwise copy, 1x16 blocks");
+  using V = std::conditional_t<kHadamard, HadamardPatchElement<InT>, InT>;
   constexpr int kVec = L::kVec, kBlockLanes = L::kBlockLanes, kOwnedRows = L::kOwnedRows;
   // The fast software encode is for 16-bit inputs (whose products with r cannot underflow for r above a
   // bound), and sm_100a has the hardware conversion.
@@ -218,7 +223,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // Branch-free block scales (reciprocal_rn_in_range) on sm_90a, where the reciprocal is checked against
   // __frcp_rn on the GPU; sm_100a, which cannot be run here, keeps __frcp_rn.
   constexpr bool kBranchFreeScales = !kHardwareCvt;
-  constexpr int kMinSubnormalExponent = Element<InT>::kMinSubnormalExponent;
+  constexpr int kMinSubnormalExponent = Element<V>::kMinSubnormalExponent;
   // After the row pass (quant_after_row_pass): the last rows of x it read are in L2, and loads and stores that
   // leave L2 first keep them there until this kernel gets to them. (Walking the tiles bottom up, to read those
   // rows first, found about twice as much of x in L2 but measured about 1 us slower on 8192x8192 on the H200:
@@ -405,7 +410,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     // `patch` holds this tile (its loads were issued during the tile before, see load_patch_rows).
     if (kRowScaled && has_next) load_amaxes(next_tm, next_tk, next_tk != tk);
     float row_amax_of[kOwnedRows], col_amax_of[kVec];
-    patch_block_amax<InT, kRowwise, k2D>(patch, q, row_amax_of, col_amax_of);
+    if constexpr (kHadamard) hadamard_patch<InT>(patch);
+    patch_block_amax<V, kRowwise, k2D>(patch, q, row_amax_of, col_amax_of);
 
     // Block scales: sdec bytes to the stages, inverses r kept (rowwise: in shared memory, read per row pair).
     // Returns whether this lane's blocks meet fast_encode_ok. Two instances: with no special row or column
@@ -479,7 +485,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int c = 0; c < kVec; ++c) v[h][c] = Element<InT>::word_element_to_float(&vec[h].x, c);
+            for (int c = 0; c < kVec; ++c) v[h][c] = Element<V>::word_element_to_float(&vec[h].x, c);
           if constexpr (kRowwise) {
             const float2 r = k2D ? make_float2(row_r_2d, row_r_2d)
                                  : *reinterpret_cast<const float2*>(&row_inverse[warp][block][16 * group + i0]);
@@ -595,7 +601,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   }
 }
 
-template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D>
+template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHadamard>
 int quantize_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax,
                            const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data,
                            uint8_t* col_scale) {
@@ -613,15 +619,15 @@ int quantize_can_implement(const void* x, int64_t x_row_stride, int64_t rows, in
   return kOk;
 }
 
-template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt>
+template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHadamard, bool kHardwareCvt>
 int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax,
                  const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale,
                  cudaStream_t stream) {
-  const int status = quantize_can_implement<InT, kRowwise, kColwise, kRowScaled, k2D>(
+  const int status = quantize_can_implement<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard>(
       x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale);
   if (status != kOk) return status;
   if (rows == 0 || cols == 0) return kOk;
-  auto kernel = quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHardwareCvt>;
+  auto kernel = quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHardwareCvt, kHadamard>;
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
