@@ -42,6 +42,34 @@ __device__ __forceinline__ void hadamard16_to_bf16(float (&v)[16]) {
     v[j] = isnan(v[j]) ? __uint_as_float(0x7FC00000u) : __bfloat162float(__float2bfloat16_rn(v[j]));
 }
 
+// Per-half unsigned maximum of two words of 16-bit patterns (one instruction on sm_90).
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  uint32_t m;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(b));
+  return m;
+}
+
+// The largest |v| of a patch that hadamard_patch<InT> transformed, as fp32 bits (NaN > Inf > finite under
+// integer max), any NaN as 0x7FC00000.
+template <class InT>
+__device__ __forceinline__ uint32_t transformed_patch_abs_max_bits(const uint4 (&patch)[16]) {
+  uint32_t m = 0u;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t word = w == 0 ? patch[k].x : w == 1 ? patch[k].y : w == 2 ? patch[k].z : patch[k].w;
+      if constexpr (sizeof(InT) == 2) {
+        m = max_u16x2(m, word & 0x7FFF7FFFu);  // bf16 pairs
+      } else {
+        m = max(m, word & 0x7FFFFFFFu);
+      }
+    }
+  }
+  if constexpr (sizeof(InT) == 2) m = max(m & 0xFFFFu, m >> 16) << 16;
+  return m > 0x7F800000u ? 0x7FC00000u : m;
+}
+
 // Word w (0-3) of a 16-byte vector.
 __device__ __forceinline__ uint32_t& vector_word(uint4& v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
 

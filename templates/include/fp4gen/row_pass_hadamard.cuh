@@ -14,6 +14,14 @@
 //    to col_amax with atomicMax (zeroed by the launcher; the maxima on |v| bit patterns propagate NaN, which
 //    is canonicalized to 0x7FC0 as the reference does);
 //  - the lanes encode their rows' blocks (a block is a lane pair, as in quantize.cuh) from registers.
+// A cluster takes one panel and exits (2 CTAs of 128 registers a thread per SM). On the H200 (row-scaled
+// 8192 x 8192 bf16, bench/RESULTS.md, 2026-12-01) this pass takes about 98 us against the plain row pass's 57;
+// leaving out parts of it (wrong results, timing only) gave 72 us without the column atomics, 87 without the
+// transform and 58 without the rowwise encode: a CTA's work follows its loads with nothing to overlap them.
+// Measured slower and not kept: persistent clusters that prefetch the next panel into shared memory with
+// cp.async (119 us; every panel then waits on the cluster barrier in lockstep), 3 CTAs per SM at 80 registers
+// (100 us, spilling), and reading col_amax to skip atomics that cannot raise it (108 us: the loads wait, the
+// atomics did not).
 // Numerics are those of quantize.cuh's rowwise copy: NaN-propagating row amaxes (packed bf16x2/f16x2 maxima,
 // as row_pass.cuh), NaN-ignoring block amaxes, encode_block_scale, and on sm_90a the branch-free reciprocal
 // and the fast encode wherever their conditions hold.
@@ -52,13 +60,6 @@ __device__ __forceinline__ uint32_t load_cluster_shared(const uint32_t* local, u
 
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-
-// Per-half unsigned maximum of two words of 16-bit patterns.
-__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
-  uint32_t m;
-  asm("max.u16x2 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(b));
-  return m;
-}
 
 template <class InT, bool kHardwareCvt>
 __global__ void __launch_bounds__(32 * kRhtCtaWarps, 2)
@@ -224,7 +225,7 @@ int row_pass_hadamard_can_implement(const void* x, int64_t x_row_stride, int64_t
                                     float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace) {
   (void)workspace;  // none
   if (rows < 0 || cols < 0 || cols % 16 != 0 || rows % kRhtPanelRows != 0) return kInvalidProblem;
-  if (cols > kRhtMaxCols || rows / kRhtPanelRows * kRhtMaxCluster > 0x7FFFFFFF) return kInvalidProblem;
+  if (cols > kRhtMaxCols || rows / kRhtPanelRows * kRhtMaxCluster > 0x7FFFFFFF) return kInvalidProblem;  // gridDim.x
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
   if (row_amax == nullptr || col_amax == nullptr || row_data == nullptr || row_scale == nullptr) return kInvalidProblem;
   if (!aligned(x, 16) || (rows > 1 && (x_row_stride * static_cast<int64_t>(sizeof(InT))) % 16 != 0))
