@@ -43,6 +43,20 @@ def _traffic_bytes(rows, cols, elem, rowwise, columnwise, row_scaled):
     return total
 
 
+def _measure(x, rowwise, columnwise, scaling, **kw):
+    """(eager ms, graph ms, traffic GB/s of the graph time, copy GB/s of the same bytes) of one quantize call."""
+    rows, cols = x.shape
+    call = lambda: fp4gen.quantize(x, rowwise=rowwise, columnwise=columnwise, scaling=scaling, **kw)  # noqa: E731
+    ms, graph_ms = median_ms(call), graph_median_ms(call)
+    moved = _traffic_bytes(rows, cols, x.element_size(), rowwise, columnwise, scaling == "row")
+    return ms, graph_ms, moved / graph_ms / 1e6, copy_bandwidth_gbs(moved)
+
+
+def _row(rows, cols, label, ms, graph_ms, gbs, copy_gbs):
+    return (f"{rows:>5}x{cols:<6} {label:<21} {ms * 1e3:>8.1f} {graph_ms * 1e3:>8.1f} {gbs:>6.0f} {copy_gbs:>9.0f} "
+            f"{gbs / copy_gbs:>7.2f}")
+
+
 def main():
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
@@ -51,17 +65,12 @@ def main():
     for rows, cols in SHAPES:
         x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
         for label, scaling, block, rowwise, columnwise, row_pass in MODES:
-            kw = dict(scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
             with contextlib.nullcontext() if row_pass else ops.row_pass_limits(0):
-                ms = median_ms(lambda: fp4gen.quantize(x, **kw))
-                graph_ms = graph_median_ms(lambda: fp4gen.quantize(x, **kw))
-            moved = _traffic_bytes(rows, cols, x.element_size(), rowwise, columnwise, scaling == "row")
-            copy_gbs = copy_bandwidth_gbs(moved)
+                ms, graph_ms, gbs, copy_gbs = _measure(x, rowwise, columnwise, scaling, block=block)
             compiled = torch.compile(reference.quantize, dynamic=False)
             compiled_ms = median_ms(lambda: compiled(x, scaling, block, rowwise, columnwise))
-            gbs = moved / graph_ms / 1e6
-            print(f"{rows:>5}x{cols:<6} {label:<21} {ms * 1e3:>8.1f} {graph_ms * 1e3:>8.1f} {gbs:>6.0f} "
-                  f"{copy_gbs:>9.0f} {gbs / copy_gbs:>7.2f} {compiled_ms * 1e3:>11.1f} {compiled_ms / ms:>8.2f}")
+            print(f"{_row(rows, cols, label, ms, graph_ms, gbs, copy_gbs)} {compiled_ms * 1e3:>11.1f} "
+                  f"{compiled_ms / ms:>8.2f}", flush=True)
 
 
 OPTION_MODES = [  # (label, scaling, block, options)
@@ -88,14 +97,7 @@ def compare_options():
     for rows, cols in SHAPES:
         x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
         for label, scaling, block, options in OPTION_MODES:
-            kw = dict(scaling=scaling, block=block, **options)
-            ms = median_ms(lambda: fp4gen.quantize(x, **kw))
-            graph_ms = graph_median_ms(lambda: fp4gen.quantize(x, **kw))
-            moved = _traffic_bytes(rows, cols, x.element_size(), True, True, scaling == "row")
-            copy_gbs = copy_bandwidth_gbs(moved)
-            gbs = moved / graph_ms / 1e6
-            print(f"{rows:>5}x{cols:<6} {label:<21} {ms * 1e3:>8.1f} {graph_ms * 1e3:>8.1f} {gbs:>6.0f} "
-                  f"{copy_gbs:>9.0f} {gbs / copy_gbs:>7.2f}", flush=True)
+            print(_row(rows, cols, label, *_measure(x, True, True, scaling, block=block, **options)), flush=True)
 
 
 # --paths: the row pass against the path it replaced, over more shapes (row scaling, bf16 and fp32): where

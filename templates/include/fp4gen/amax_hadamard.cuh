@@ -38,20 +38,12 @@ template <class InT>
 __global__ void __launch_bounds__(kHadamardAmaxThreads)
     amax_hadamard_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
                          float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax) {
-  constexpr int kVec = Element<InT>::kPerVector, kVecsPerRow = kHadamardAmaxTile / kVec;
   __shared__ float tile[kHadamardAmaxTile][kHadamardAmaxTile + 1];
   __shared__ uint32_t col_partial[kHadamardAmaxThreads / kHadamardAmaxTile][kHadamardAmaxTile];
   __shared__ uint32_t warp_max[2][kHadamardAmaxThreads / 32];
   const int64_t row0 = int64_t{blockIdx.x} * kHadamardAmaxTile, col0 = int64_t{blockIdx.y} * kHadamardAmaxTile;
-  for (int i = threadIdx.x; i < kHadamardAmaxTile * kVecsPerRow; i += kHadamardAmaxThreads) {
-    const int r = i / kVecsPerRow, cv = i % kVecsPerRow;
-    const int64_t row = row0 + r, col = col0 + cv * kVec;
-    const uint4 vec = (row < rows && col < cols) ? *reinterpret_cast<const uint4*>(x + row * x_row_stride + col)
-                                                 : make_uint4(0u, 0u, 0u, 0u);  // zeros change no maximum
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) tile[r][cv * kVec + e] = Element<InT>::word_element_to_float(&vec.x, e);
-  }
-  __syncthreads();
+  stage_tile_fp32<InT, kHadamardAmaxTile, kHadamardAmaxThreads>(x, x_row_stride, rows, cols, row0, col0, tile);
+  __syncthreads();  // (zeros outside the tensor change no maximum)
   // rows, untransformed: four threads a row
   const int r = threadIdx.x / 4, part = threadIdx.x % 4;
   uint32_t row_bits = 0;

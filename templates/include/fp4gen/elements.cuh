@@ -110,4 +110,21 @@ __device__ __forceinline__ float xorsign_pair_to_amax(uint32_t m) {
   return xorsign_half_to_amax<InT>(abs_max_xorsign<InT>(m, __byte_perm(m, 0, 0x1032)), 1);
 }
 
+// A kTile x kTile tile of x from (row0, col0), widened to fp32 into shared memory by a CTA of kThreads
+// threads (16-byte vector loads; cols % 16 == 0, so a vector is wholly inside or outside; outside reads as 0).
+// Callers synchronize before reading it.
+template <class InT, int kTile, int kThreads>
+__device__ __forceinline__ void stage_tile_fp32(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows,
+                                                int64_t cols, int64_t row0, int64_t col0, float (*tile)[kTile + 1]) {
+  constexpr int kVec = Element<InT>::kPerVector, kVecsPerRow = kTile / kVec;
+  for (int i = threadIdx.x; i < kTile * kVecsPerRow; i += kThreads) {
+    const int r = i / kVecsPerRow, cv = i % kVecsPerRow;
+    const int64_t row = row0 + r, col = col0 + cv * kVec;
+    const uint4 vec = (row < rows && col < cols) ? *reinterpret_cast<const uint4*>(x + row * x_row_stride + col)
+                                                 : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) tile[r][cv * kVec + e] = Element<InT>::word_element_to_float(&vec.x, e);
+  }
+}
+
 }  // namespace fp4gen

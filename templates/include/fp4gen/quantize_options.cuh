@@ -90,7 +90,6 @@ __global__ void __launch_bounds__(kOptThreads)
                             uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale,
                             uint8_t* __restrict__ col_data, uint8_t* __restrict__ col_scale,
                             const int64_t* __restrict__ rng_state, bool vector_amax, bool block_2d, bool mse) {
-  constexpr int kVec = Element<InT>::kPerVector, kVecsPerRow = kOptTile / kVec;
   __shared__ float tile[kOptTile][kOptTile + 1];
   // 16x16 blocks: each 16x16 tile's decision, and the rowwise codes (one per byte) for the columnwise copy
   __shared__ float row_block_amax[kOptTile][4];
@@ -98,14 +97,7 @@ __global__ void __launch_bounds__(kOptThreads)
   __shared__ uint8_t tile_codes[kOptTile][kOptTile];
   __shared__ uint8_t tile_scale[kOptTile / 16][4];
   const int64_t row0 = int64_t{blockIdx.x} * kOptTile, col0 = int64_t{blockIdx.y} * kOptTile;
-  for (int i = threadIdx.x; i < kOptTile * kVecsPerRow; i += kOptThreads) {
-    const int r = i / kVecsPerRow, cv = i % kVecsPerRow;
-    const int64_t row = row0 + r, col = col0 + cv * kVec;  // cols % 16 == 0: a vector is wholly in or out
-    const uint4 vec = (row < rows && col < cols) ? *reinterpret_cast<const uint4*>(x + row * x_row_stride + col)
-                                                 : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) tile[r][cv * kVec + e] = Element<InT>::word_element_to_float(&vec.x, e);
-  }
+  stage_tile_fp32<InT, kOptTile, kOptThreads>(x, x_row_stride, rows, cols, row0, col0, tile);
   __syncthreads();
   uint64_t seed = 0, offset = 0;
   if constexpr (kStochastic) seed = static_cast<uint64_t>(rng_state[0]), offset = static_cast<uint64_t>(rng_state[1]);

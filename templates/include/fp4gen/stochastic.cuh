@@ -7,9 +7,10 @@
 //
 // Rule (TransformerEngine's software fallback): a = |y|, step(v) = 2 if v >= 4, 1 if v >= 2, else 0.5,
 // t = fl(a + u * step(a)) with u = byte / 256, q = min(floor(t / step(t)) * step(t), 6); the code is q's,
-// its sign bit set iff y < 0. The sm_100a instruction cvt.rs.satfinite.e2m1x4.f32 is not used: how it maps
-// its random bits to elements and rounds is not documented, and no Blackwell GPU was available to pin it
-// down, so every arch takes this rule and gives these bytes.
+// its sign bit set iff y < 0 (e2m1_code_stochastic computes it in fewer steps). The sm_100a instruction
+// cvt.rs.satfinite.e2m1x4.f32 is not used: how it maps its random bits to elements and rounds is not
+// documented, and no Blackwell GPU was available to pin it down, so every arch takes this rule and gives
+// these bytes.
 #pragma once
 
 #include <cstdint>
@@ -37,21 +38,24 @@ __device__ __forceinline__ uint4 block_random_bits(uint64_t seed, uint64_t offse
                        static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-__device__ __forceinline__ float e2m1_step(float v) { return v >= 4.0f ? 2.0f : (v >= 2.0f ? 1.0f : 0.5f); }
-
 // The E2M1 code of y rounded stochastically with random byte `byte`. NaN gives 0x7 (+6) and -0.0 gives 0,
-// as round-to-nearest does.
+// as round-to-nearest does. Computed without the rule's division and final grid mapping, to the same codes:
+//  - step(t) may be replaced by step(a): t < a + step(a), so t crosses into the next binade only below
+//    2.5 (from a < 2) or 5 (from a < 4), where floor(t / step(a)) * step(a) and floor(t / step(t)) * step(t)
+//    are both 2, or both 4;
+//  - with n = floor(t / step(a)) (a multiplication: step(a) is a power of two), the code is n on [0, 2),
+//    n + 2 on [2, 4) and n + 4 above, at most 7; fminf makes a NaN n 7.
+// (The rule's definition, with its division, is runtime/stochastic.py's; tests/gpu/test_quantize_options_gpu.py
+// compares the kernels' codes with it byte for byte.)
 __device__ __forceinline__ uint32_t e2m1_code_stochastic(float y, uint32_t byte) {
   const float a = fabsf(y);
-  const float u = static_cast<float>(byte) * 0.00390625f;  // byte / 256, exact
-  const float t = __fadd_rn(a, __fmul_rn(u, e2m1_step(a)));  // u * step is exact
-  const float step_t = e2m1_step(t);
-  // t / step_t and the product are exact (powers of two); fminf turns NaN into 6
-  const float q = fminf(__fmul_rn(floorf(__fdiv_rn(t, step_t)), step_t), 6.0f);
-  // q on the grid -> code: [0, 2) -> 2q, [2, 4) -> q + 2, 4 -> 6, 6 -> 7
-  const uint32_t magnitude = q < 2.0f ? static_cast<uint32_t>(2.0f * q)
-                                      : (q < 4.0f ? static_cast<uint32_t>(q) + 2u : (q == 4.0f ? 6u : 7u));
-  return magnitude | (y < 0.0f ? 8u : 0u);
+  const bool two = a >= 2.0f, four = a >= 4.0f;
+  const float step = four ? 2.0f : (two ? 1.0f : 0.5f), inverse_step = four ? 0.5f : (two ? 1.0f : 2.0f);
+  const float base = four ? 4.0f : (two ? 2.0f : 0.0f);
+  const float u = __uint_as_float(0x3F800000u | (byte << 15)) - 1.0f;  // byte / 256, exactly
+  const float t = __fmaf_rn(u, step, a);  // fl(a + u * step): the product is exact
+  const float code = fminf(floorf(__fmul_rn(t, inverse_step)) + base, 7.0f);
+  return static_cast<uint32_t>(code) | (y < 0.0f ? 8u : 0u);
 }
 
 }  // namespace fp4gen
