@@ -1,6 +1,7 @@
-"""The branch-free reciprocal of the sm_90a quantize kernels' block scales (reciprocal_rn_in_range in
-nvfp4.cuh) against __frcp_rn for every float in its range, on the GPU: tests/cuda/reciprocal_exhaustive.cu,
-built with nvcc for the device at hand."""
+"""Arithmetic shortcuts of the kernels against the operations they replace, for every float in their range, on
+the GPU (programs in tests/cuda/, built with nvcc for the device at hand): the branch-free reciprocal of the
+sm_90a quantize kernels' block scales (reciprocal_rn_in_range in nvfp4.cuh) against __frcp_rn, and the
+division in 4over6's error (divide_by_four_over_six_numerator in four_over_six.cuh) against __fdiv_rn."""
 import subprocess
 
 import pytest
@@ -12,14 +13,24 @@ from conftest import ROOT
 pytestmark = pytest.mark.gpu
 
 
-def test_block_scale_reciprocal_matches_frcp_rn(tmp_path):
+def _run(tmp_path, program: str) -> str:
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
-    exe = tmp_path / "reciprocal_exhaustive"
+    exe = tmp_path / program
     subprocess.run([find_nvcc(), "-std=c++17", "-O3", "--expt-relaxed-constexpr", f"-arch={arch}",
-                    f"-I{ROOT / 'templates' / 'include'}", str(ROOT / "tests" / "cuda" / "reciprocal_exhaustive.cu"),
+                    f"-I{ROOT / 'templates' / 'include'}", str(ROOT / "tests" / "cuda" / f"{program}.cu"),
                     "-o", str(exe)], check=True, capture_output=True, text=True)
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     print(run.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert len([line for line in run.stdout.splitlines() if ": 0 mismatches" in line]) == 2, run.stdout
+    return run.stdout
+
+
+def test_block_scale_reciprocal_matches_frcp_rn(tmp_path):
+    out = _run(tmp_path, "reciprocal_exhaustive")
+    assert len([line for line in out.splitlines() if ": 0 mismatches" in line]) == 2, out
+
+
+def test_four_over_six_error_division_matches_fdiv_rn(tmp_path):
+    out = _run(tmp_path, "four_over_six_division_exhaustive")
+    assert len([line for line in out.splitlines() if ": 0 mismatches" in line]) == 1, out

@@ -41,6 +41,21 @@ __device__ __forceinline__ void four_over_six_candidates(float block_amax, float
   map6 = scale_candidate(base, s_dec);
 }
 
+// fl(p / 1536), the division of the error's dequantization, without __fdiv_rn where that is exact: q = fl(p * y)
+// with y = fl(1/1536), then one correction step, fl(q + fl(p - q * 1536) * y) (both FMAs), is the correctly
+// rounded quotient for every |p| in [2^-100, 2^120] (tests/cuda/four_over_six_division_exhaustive.cu compares
+// it with __fdiv_rn for every float on the GPU; the step fails only where the quotient is subnormal), and 0
+// for p = 0 (whose sign the error ignores). Other p (tiny, huge, Inf, NaN) divide.
+__device__ __forceinline__ float divide_by_four_over_six_numerator(float p) {
+  constexpr float kInverse = 1.0f / kFourOverSixNumerator;  // fl(1/1536)
+  const float a = fabsf(p);
+  if ((a >= 0x1p-100f && a <= 0x1p120f) || a == 0.0f) {
+    const float q = __fmul_rn(p, kInverse);
+    return __fmaf_rn(__fmaf_rn(-q, kFourOverSixNumerator, p), kInverse, q);
+  }
+  return __fdiv_rn(p, kFourOverSixNumerator);
+}
+
 // The error of 16 elements x (one block row) encoded as `codes` (element k in nibble k) with scale `scale`:
 // v = fl(fl(fl(e2m1 * scale) * amax) / 1536), summed left to right from 0 as |v - x| (MAE) or (v - x)^2
 // (MSE).
@@ -50,7 +65,7 @@ __device__ __forceinline__ float four_over_six_row_error(const float (&x)[16], u
 #pragma unroll
   for (int k = 0; k < 16; ++k) {
     const float value = e2m1_to_float(static_cast<uint32_t>(codes >> (4 * k)) & 0xFu);
-    const float v = __fdiv_rn(__fmul_rn(__fmul_rn(value, scale), amax), kFourOverSixNumerator);
+    const float v = divide_by_four_over_six_numerator(__fmul_rn(__fmul_rn(value, scale), amax));
     const float d = __fsub_rn(v, x[k]);
     err = __fadd_rn(err, mse ? __fmul_rn(d, d) : fabsf(d));
   }
