@@ -58,14 +58,30 @@ __device__ __forceinline__ float divide_by_four_over_six_numerator(float p) {
 
 // The error of 16 elements x (one block row) encoded as `codes` (element k in nibble k) with scale `scale`:
 // v = fl(fl(fl(e2m1 * scale) * amax) / 1536), summed left to right from 0 as |v - x| (MAE) or (v - x)^2
-// (MSE).
+// (MSE). kByMagnitude: v depends on the code alone, and a negative code's v is the positive one's negated
+// (every step rounds symmetrically), so the eight magnitudes' v are computed once and each element looks its
+// up. On the H200 (8192 x 8192 bf16) that took row-scaled 1x16 4over6 from 528 to 388 us but 16x16 blocks
+// (16 rows of errors a tile) from 422 to 477 us (bench/RESULTS.md, 2026-12-01), so the kernels take it for
+// 1x16 blocks only.
+template <bool kByMagnitude>
 __device__ __forceinline__ float four_over_six_row_error(const float (&x)[16], uint64_t codes, float scale,
                                                          float amax, bool mse) {
+  [[maybe_unused]] float magnitude_value[kByMagnitude ? 8 : 1];
+  if constexpr (kByMagnitude) {
+#pragma unroll
+    for (uint32_t m = 0; m < 8; ++m)
+      magnitude_value[m] = divide_by_four_over_six_numerator(__fmul_rn(__fmul_rn(e2m1_to_float(m), scale), amax));
+  }
   float err = 0.0f;
 #pragma unroll
   for (int k = 0; k < 16; ++k) {
-    const float value = e2m1_to_float(static_cast<uint32_t>(codes >> (4 * k)) & 0xFu);
-    const float v = divide_by_four_over_six_numerator(__fmul_rn(__fmul_rn(value, scale), amax));
+    const uint32_t code = static_cast<uint32_t>(codes >> (4 * k)) & 0xFu;
+    float v;
+    if constexpr (kByMagnitude) {
+      v = __uint_as_float(__float_as_uint(magnitude_value[code & 7u]) ^ ((code & 8u) << 28));
+    } else {
+      v = divide_by_four_over_six_numerator(__fmul_rn(__fmul_rn(e2m1_to_float(code), scale), amax));
+    }
     const float d = __fsub_rn(v, x[k]);
     err = __fadd_rn(err, mse ? __fmul_rn(d, d) : fabsf(d));
   }

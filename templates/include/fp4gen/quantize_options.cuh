@@ -8,6 +8,9 @@
 // A CTA takes a 64 x 64 tile of x, widened to fp32 in shared memory. Then thread t encodes the rowwise
 // block t % 4 of tile row t / 4 and the columnwise block t / 64 (16 rows) of tile column t % 64: a block is
 // one thread's, so the 4over6 errors are summed in the defined order with no exchange between threads.
+// (Persistent CTAs that copy the next tile into a second shared-memory buffer with cp.async while encoding one
+// measured slower on the H200: 8192 x 8192 bf16, SR 283 -> 303 us, 4over6 528 -> 588 us, bench/RESULTS.md,
+// 2026-12-01.)
 // With 16x16 blocks the tile's sixteen 16x16 tiles are decided first (their amaxes, and with 4over6 their
 // 16 row errors added as a tree), and the columnwise codes are the rowwise codes transposed through shared
 // memory (so stochastic rounding's bits are the rowwise copy's, as the definition says).
@@ -68,8 +71,8 @@ __device__ __forceinline__ EncodedBlock encode_block16(const float (&v)[16], flo
     four_over_six_candidates(bamax, amax, map4, map6);
     const uint64_t q4 = encode16_nearest<kHardwareCvt>(v, map4.inverse);
     const uint64_t q6 = encode16_nearest<kHardwareCvt>(v, map6.inverse);
-    const bool pick4 = four_over_six_row_error(v, q4, map4.scale, amax, mse) <
-                       four_over_six_row_error(v, q6, map6.scale, amax, mse);
+    const bool pick4 = four_over_six_row_error<true>(v, q4, map4.scale, amax, mse) <
+                       four_over_six_row_error<true>(v, q6, map6.scale, amax, mse);
     return pick4 ? EncodedBlock{q4, map4.scale_byte} : EncodedBlock{q6, map6.scale_byte};
   } else {
     const BlockEncoding enc = encode_block_scale<false>(bamax, global_scale(amax));
@@ -124,8 +127,8 @@ __global__ void __launch_bounds__(kOptThreads)
       four_over_six_candidates(tile_amax, amax, map4, map6);
       const uint64_t q4 = encode16_nearest<kHardwareCvt>(v, map4.inverse);
       const uint64_t q6 = encode16_nearest<kHardwareCvt>(v, map6.inverse);
-      row_errors[0][r][jb] = four_over_six_row_error(v, q4, map4.scale, amax, mse);
-      row_errors[1][r][jb] = four_over_six_row_error(v, q6, map6.scale, amax, mse);
+      row_errors[0][r][jb] = four_over_six_row_error<false>(v, q4, map4.scale, amax, mse);
+      row_errors[1][r][jb] = four_over_six_row_error<false>(v, q6, map6.scale, amax, mse);
       __syncthreads();
       float e4[16], e6[16];  // the tile's 16 row errors, added as a tree: rows i and i + 8, then + 4, + 2, + 1
 #pragma unroll
