@@ -64,6 +64,23 @@ def test_a_new_gemm_tile_is_a_yaml_edit(tmp_path):
     assert names == ["gemm_nvfp4_bf16out_t128x128x64_coop_sm90a", "gemm_nvfp4_bf16out_t256x128x64_coop_sm90a"]
 
 
+def test_an_axis_with_a_default_may_be_left_out_and_adds_no_name_token(tmp_path):
+    # quantize's `hadamard` axis came after specs without it: they still load, with its default `none`
+    plain, transformed = tmp_path / "plain.yaml", tmp_path / "rht.yaml"
+    axes = "in_dtype: [bf16], direction: [columnwise], scaling: [row], block: [1x16], arch: [sm90a]"
+    plain.write_text(f"family: quantize\naxes: {{{axes}}}\n")
+    transformed.write_text(f"family: quantize\naxes: {{{axes}, hadamard: [none, rht16]}}\n")
+    assert [kernel_name(v) for v in expand(load_spec(plain))] == ["quantize_nvfp4_bf16_col_rowscaled_b1x16_sm90a"]
+    assert [dict(v.values)["hadamard"] for v in expand(load_spec(plain))] == ["none"]
+    assert [kernel_name(v) for v in expand(load_spec(transformed))] == [
+        "quantize_nvfp4_bf16_col_rowscaled_b1x16_sm90a", "quantize_nvfp4_bf16_col_rowscaled_b1x16_rht16_sm90a"]
+    # the family still refuses what it cannot build: the transform is made by the columnwise-only kernel
+    rowwise = tmp_path / "rowwise.yaml"
+    rowwise.write_text(f"family: quantize\naxes: {{{axes.replace('columnwise', 'rowwise')}, hadamard: [rht16]}}\n")
+    with pytest.raises(SpecError, match="the Hadamard transform in a kernel with a rowwise copy"):
+        load_spec(rowwise)
+
+
 def test_two_specs_declaring_one_kernel_is_an_error(tmp_path):
     (tmp_path / "a.yaml").write_text(GOOD)
     (tmp_path / "b.yaml").write_text(GOOD.replace("[bf16, fp32]", "[fp32]"))
