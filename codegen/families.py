@@ -92,6 +92,11 @@ _INPUT_PARAMS = (
     Param("cols", "int64_t"),
 )
 
+# The hadamard axis that the plain quantize and row-pass families gained later: `none` adds no name token, so
+# the kernels declared before it keep their names, and is the default of specs that leave the axis out.
+_PLAIN_HADAMARD_TOKENS = {"none": "", "rht16": "rht16"}
+_PLAIN_HADAMARD_DEFAULT = (("hadamard", "none"),)
+
 FAMILIES = {
     "dequantize": Family(
         name="dequantize",
@@ -144,7 +149,7 @@ FAMILIES = {
             "direction": {"rowwise": "row", "columnwise": "col", "both": "rowcol"},
             "scaling": {"row": "rowscaled", "tensor": "tensorscaled"},
             "block": {"1x16": "b1x16", "16x16": "b16x16"},
-            "hadamard": {"none": "", "rht16": "rht16"},  # no token for none: the plain kernels keep their names
+            "hadamard": _PLAIN_HADAMARD_TOKENS,
             "arch": _tokens(tables.ARCHS),
         },
         params=(
@@ -167,7 +172,7 @@ FAMILIES = {
                    "the Hadamard transform in a kernel with a rowwise copy or 16x16 blocks: the transform is of "
                    "the columnwise 1x16 copy, which the columnwise-only kernel makes (transforming each tile in "
                    "place)")),
-        defaults=(("hadamard", "none"),),
+        defaults=_PLAIN_HADAMARD_DEFAULT,
     ),
     "row_pass": Family(
         name="row_pass",
@@ -176,8 +181,7 @@ FAMILIES = {
                     "from one DRAM read of each row panel",
         template="row_pass.cu.j2",
         name_prefix="quantize_row_pass",
-        axes={"in_dtype": _tokens(tables.DTYPES), "hadamard": {"none": "", "rht16": "rht16"},
-              "arch": _tokens(tables.ARCHS)},
+        axes={"in_dtype": _tokens(tables.DTYPES), "hadamard": _PLAIN_HADAMARD_TOKENS, "arch": _tokens(tables.ARCHS)},
         params=(
             *_INPUT_PARAMS,
             Param("row_amax", "float*"),  # [rows]
@@ -193,8 +197,8 @@ FAMILIES = {
         alignment={"x": 16},
         excluded=((lambda values, facts: facts["hadamard"] and values["in_dtype"] == "fp32",
                    "rht16 with fp32 input: the kernel's lanes hold 8 16-bit columns (fp32 rows with the transform "
-                   "take the amax_hadamard pass and the quantize_options kernel)"),),
-        defaults=(("hadamard", "none"),),
+                   "take the amax_hadamard pass and the plain rowwise and columnwise quantize kernels)"),),
+        defaults=_PLAIN_HADAMARD_DEFAULT,
     ),
     "amax_hadamard": Family(
         name="amax_hadamard",

@@ -232,9 +232,7 @@ def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: 
         return _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max)
     stride = x.stride(0) if rows > 1 else cols
     if options.hadamard:
-        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax) if row_scaled else None,
-                _ptr(col_amax) if row_scaled else None, None if row_scaled else _ptr(row_amax),
-                None if row_scaled else _ptr(col_amax))
+        _launch_amax_hadamard(amax_kernel, x, stride, row_scaled, row_amax, col_amax)
     elif row_scaled:
         _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), None)
     else:
@@ -278,15 +276,22 @@ def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool):
                 _ptr(row_scale), None)
     else:
         amax_kernel = _kernel_for(_problem("amax_hadamard", device, in_dtype, cols, pointers))
-        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax) if row_scaled else None,
-                _ptr(col_amax) if row_scaled else None, None if row_scaled else _ptr(row_amax),
-                None if row_scaled else _ptr(col_amax))
+        _launch_amax_hadamard(amax_kernel, x, stride, row_scaled, row_amax, col_amax)
         if rowwise:
             _launch(quantize_kernel("rowwise", "none"), device, x.data_ptr(), stride, rows, cols, _ptr(row_amax),
                     None, _ptr(row_data), _ptr(row_scale), None, None)
     _launch(col_kernel, device, x.data_ptr(), stride, rows, cols, None, _ptr(col_amax), None, None, _ptr(col_data),
             _ptr(col_scale))
     return _operands(rowwise, True, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
+
+
+def _launch_amax_hadamard(kernel, x, stride, row_scaled, row_amax, col_amax):
+    """row_amax (of x) and col_amax (of the transformed x.T), either may be None: per row / per column with
+    row scaling, else one each (the kernel's tensor outputs)."""
+    rows, cols = x.shape
+    per_vector = (_ptr(row_amax), _ptr(col_amax)) if row_scaled else (None, None)
+    per_tensor = (None, None) if row_scaled else (_ptr(row_amax), _ptr(col_amax))
+    _launch(kernel, x.device, x.data_ptr(), stride, rows, cols, *per_vector, *per_tensor)
 
 
 def _ptr(t):

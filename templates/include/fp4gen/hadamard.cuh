@@ -49,29 +49,9 @@ __device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
   return m;
 }
 
-// The largest |v| of a patch that hadamard_patch<InT> transformed, as fp32 bits (NaN > Inf > finite under
-// integer max), any NaN as 0x7FC00000.
-template <class InT>
-__device__ __forceinline__ uint32_t transformed_patch_abs_max_bits(const uint4 (&patch)[16]) {
-  uint32_t m = 0u;
-#pragma unroll
-  for (int k = 0; k < 16; ++k) {
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t word = w == 0 ? patch[k].x : w == 1 ? patch[k].y : w == 2 ? patch[k].z : patch[k].w;
-      if constexpr (sizeof(InT) == 2) {
-        m = max_u16x2(m, word & 0x7FFF7FFFu);  // bf16 pairs
-      } else {
-        m = max(m, word & 0x7FFFFFFFu);
-      }
-    }
-  }
-  if constexpr (sizeof(InT) == 2) m = max(m & 0xFFFFu, m >> 16) << 16;
-  return m > 0x7F800000u ? 0x7FC00000u : m;
-}
-
 // Word w (0-3) of a 16-byte vector.
 __device__ __forceinline__ uint32_t& vector_word(uint4& v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
+__device__ __forceinline__ uint32_t vector_word(const uint4& v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
 
 // Two fp32 values rounded to bf16 (RNE) and packed, `low` in the low half: one conversion instruction. A NaN
 // becomes some bf16 NaN (the hardware's; callers that store NaN bits canonicalize them).
@@ -80,10 +60,26 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float low, float high) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
-// The transform of every column of a quantize lane's patch (16 rows x one 16-byte vector: patch[i] is row i),
-// in place. 16-bit inputs are left as bf16 pairs (two columns a word, as the input was packed), fp32 inputs as
-// fp32 words holding bf16 values; HadamardPatchElement names the type. NaN is left as whatever NaN the
-// conversion gives: the codes and block scales do not depend on a NaN's bits.
+// The transform of the two 16-bit columns in word w of a patch (16 rows x one 16-byte vector: patch[i] is row
+// i), side by side, packed as bf16 pairs by one cvt each: f(k, word) gets row k's transformed word.
+template <class InT, class F>
+__device__ __forceinline__ void hadamard_column_pair(const uint4 (&patch)[16], int w, F&& f) {
+  static_assert(sizeof(InT) == 2, "two 16-bit columns a word");
+  float low[16], high[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const uint32_t word = vector_word(patch[k], w);
+    low[k] = Element<InT>::word_element_to_float(&word, 0), high[k] = Element<InT>::word_element_to_float(&word, 1);
+  }
+  hadamard16_fp32(low), hadamard16_fp32(high);
+#pragma unroll
+  for (int k = 0; k < 16; ++k) f(k, pack_bf16x2(low[k], high[k]));
+}
+
+// The transform of every column of a quantize lane's patch, in place. 16-bit inputs are left as bf16 pairs
+// (two columns a word, as the input was packed), fp32 inputs as fp32 words holding bf16 values;
+// HadamardPatchElement names the type. NaN is left as whatever NaN the conversion gives: the codes and block
+// scales do not depend on a NaN's bits.
 template <class InT>
 using HadamardPatchElement = std::conditional_t<sizeof(InT) == 2, __nv_bfloat16, float>;
 
@@ -91,16 +87,8 @@ template <class InT>
 __device__ __forceinline__ void hadamard_patch(uint4 (&patch)[16]) {
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
-    if constexpr (sizeof(InT) == 2) {  // two columns a word, transformed side by side and packed by one cvt
-      float low[16], high[16];
-#pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        const uint32_t word = vector_word(patch[k], w);
-        low[k] = Element<InT>::word_element_to_float(&word, 0), high[k] = Element<InT>::word_element_to_float(&word, 1);
-      }
-      hadamard16_fp32(low), hadamard16_fp32(high);
-#pragma unroll
-      for (int k = 0; k < 16; ++k) vector_word(patch[k], w) = pack_bf16x2(low[k], high[k]);
+    if constexpr (sizeof(InT) == 2) {
+      hadamard_column_pair<InT>(patch, w, [&](int k, uint32_t word) { vector_word(patch[k], w) = word; });
     } else {
       float v[16];
 #pragma unroll
@@ -110,6 +98,26 @@ __device__ __forceinline__ void hadamard_patch(uint4 (&patch)[16]) {
       for (int k = 0; k < 16; ++k) vector_word(patch[k], w) = __float_as_uint(__bfloat162float(__float2bfloat16_rn(v[k])));
     }
   }
+}
+
+// The largest |v| of a patch that hadamard_patch<InT> transformed, as fp32 bits (NaN > Inf > finite under
+// integer max), any NaN as 0x7FC00000.
+template <class InT>
+__device__ __forceinline__ uint32_t transformed_patch_abs_max_bits(const uint4 (&patch)[16]) {
+  uint32_t m = 0u;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      if constexpr (sizeof(InT) == 2) {
+        m = max_u16x2(m, vector_word(patch[k], w) & 0x7FFF7FFFu);  // bf16 pairs
+      } else {
+        m = max(m, vector_word(patch[k], w) & 0x7FFFFFFFu);
+      }
+    }
+  }
+  if constexpr (sizeof(InT) == 2) m = max(m & 0xFFFFu, m >> 16) << 16;
+  return m > 0x7F800000u ? 0x7FC00000u : m;
 }
 
 }  // namespace fp4gen

@@ -126,17 +126,9 @@ __global__ void __launch_bounds__(32 * kRhtCtaWarps, 2)
   // Columns, while the cluster's other CTAs get there: the transform of each of the lane's columns, and the
   // maximum of its |v| bits (NaN as 0x7FC0); the patch itself stays x for the rowwise encode.
 #pragma unroll
-  for (int w = 0; w < 4; ++w) {  // the lane's columns 2w, 2w + 1 side by side, as hadamard_patch does
-    float low[kRhtPanelRows], high[kRhtPanelRows];
-#pragma unroll
-    for (int k = 0; k < kRhtPanelRows; ++k) {
-      const uint32_t word = vector_word(patch[k], w);
-      low[k] = E::word_element_to_float(&word, 0), high[k] = E::word_element_to_float(&word, 1);
-    }
-    hadamard16_fp32(low), hadamard16_fp32(high);
+  for (int w = 0; w < 4; ++w) {  // the lane's columns 2w, 2w + 1
     uint32_t maxima = 0u;  // the two columns' bf16 |v| bits
-#pragma unroll
-    for (int k = 0; k < kRhtPanelRows; ++k) maxima = max_u16x2(maxima, pack_bf16x2(low[k], high[k]) & 0x7FFF7FFFu);
+    hadamard_column_pair<InT>(patch, w, [&](int, uint32_t word) { maxima = max_u16x2(maxima, word & 0x7FFF7FFFu); });
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t bits = (maxima >> (16 * h)) & 0xFFFFu;
