@@ -9,7 +9,8 @@ number of bytes measured in the same run, the ratio of the two, and the speed-up
 the row pass turned off (fp4gen.cuda.ops.row_pass_limits(0)): the path it replaced.
 
 `python quantize.py --options` times the training-quality options (stochastic rounding, the Hadamard
-transform, 4over6: the amax pass, then a quantize_options kernel) the same way, beside the plain call.
+transform, 4over6) the same way, beside the plain call, on the path each takes (docs/kernel-selection.md:
+the plain kernels' variants for stochastic rounding of bf16 and the transform, quantize_options for 4over6).
 
 `python quantize.py --paths` compares the two paths (graph time) over more shapes and dtypes, the row pass
 allowed for any row width.

@@ -92,10 +92,25 @@ _INPUT_PARAMS = (
     Param("cols", "int64_t"),
 )
 
-# The hadamard axis that the plain quantize and row-pass families gained later: `none` adds no name token, so
-# the kernels declared before it keep their names, and is the default of specs that leave the axis out.
+# The hadamard and rounding axes that the plain quantize and row-pass families gained later: `none` and
+# `nearest` add no name token, so the kernels declared before them keep their names, and are the defaults of
+# specs that leave the axes out.
 _PLAIN_HADAMARD_TOKENS = {"none": "", "rht16": "rht16"}
-_PLAIN_HADAMARD_DEFAULT = (("hadamard", "none"),)
+_PLAIN_ROUNDING_TOKENS = {"nearest": "", "stochastic": "sr"}
+_PLAIN_DEFAULTS = (("hadamard", "none"), ("rounding", "nearest"))
+# [seed, offset] of stochastic rounding, read on the device (null when rounding to nearest)
+_RNG_STATE_PARAM = Param("rng_state", "const int64_t*")
+
+
+def _stochastic_needs_16bit_1x16(values, facts):
+    return facts["stochastic"] and (values["in_dtype"] == "fp32" or values.get("block", "1x16") != "1x16")
+
+
+_STOCHASTIC_EXCLUSION = (
+    _stochastic_needs_16bit_1x16,
+    "stochastic rounding with fp32 input or 16x16 blocks: the plain kernels' stochastic variants take 16-bit "
+    "gradients in 1x16 blocks (a rowwise block's two lanes share its random words); the quantize_options "
+    "kernels take the rest")
 
 FAMILIES = {
     "dequantize": Family(
@@ -150,6 +165,7 @@ FAMILIES = {
             "scaling": {"row": "rowscaled", "tensor": "tensorscaled"},
             "block": {"1x16": "b1x16", "16x16": "b16x16"},
             "hadamard": _PLAIN_HADAMARD_TOKENS,
+            "rounding": _PLAIN_ROUNDING_TOKENS,
             "arch": _tokens(tables.ARCHS),
         },
         params=(
@@ -160,6 +176,7 @@ FAMILIES = {
             Param("row_scale", "uint8_t*"),  # [rows, cols/16], contiguous
             Param("col_data", "uint8_t*"),  # [cols, rows/2], contiguous
             Param("col_scale", "uint8_t*"),  # [cols, rows/16], contiguous
+            _RNG_STATE_PARAM,
         ),
         # rows_multiple_of applies to the columnwise copy and to 16x16 blocks (see the kernel's can_implement)
         constraints={"cols_multiple_of": 16},
@@ -171,8 +188,9 @@ FAMILIES = {
                                                                 or values["block"] != "1x16"),
                    "the Hadamard transform in a kernel with a rowwise copy or 16x16 blocks: the transform is of "
                    "the columnwise 1x16 copy, which the columnwise-only kernel makes (transforming each tile in "
-                   "place)")),
-        defaults=_PLAIN_HADAMARD_DEFAULT,
+                   "place)"),
+                  _STOCHASTIC_EXCLUSION),
+        defaults=_PLAIN_DEFAULTS,
     ),
     "row_pass": Family(
         name="row_pass",
@@ -181,7 +199,8 @@ FAMILIES = {
                     "from one DRAM read of each row panel",
         template="row_pass.cu.j2",
         name_prefix="quantize_row_pass",
-        axes={"in_dtype": _tokens(tables.DTYPES), "hadamard": _PLAIN_HADAMARD_TOKENS, "arch": _tokens(tables.ARCHS)},
+        axes={"in_dtype": _tokens(tables.DTYPES), "hadamard": _PLAIN_HADAMARD_TOKENS,
+              "rounding": _PLAIN_ROUNDING_TOKENS, "arch": _tokens(tables.ARCHS)},
         params=(
             *_INPUT_PARAMS,
             Param("row_amax", "float*"),  # [rows]
@@ -190,6 +209,7 @@ FAMILIES = {
             Param("row_data", "uint8_t*"),  # [rows, cols/2], contiguous
             Param("row_scale", "uint8_t*"),  # [rows, cols/16], contiguous
             Param("workspace", "void*"),  # workspace_size() bytes: each CTA's column maxima
+            _RNG_STATE_PARAM,
         ),
         # the column maxima live in shared memory: can_implement refuses rows of more than 200 KB with col_amax;
         # rht16 takes whole 16-row panels and rows of up to 16384 elements (a cluster of 8 CTAs holds a panel)
@@ -197,8 +217,12 @@ FAMILIES = {
         alignment={"x": 16},
         excluded=((lambda values, facts: facts["hadamard"] and values["in_dtype"] == "fp32",
                    "rht16 with fp32 input: the kernel's lanes hold 8 16-bit columns (fp32 rows with the transform "
-                   "take the amax_hadamard pass and the plain rowwise and columnwise quantize kernels)"),),
-        defaults=_PLAIN_HADAMARD_DEFAULT,
+                   "take the amax_hadamard pass and the plain rowwise and columnwise quantize kernels)"),
+                  (lambda values, facts: facts["stochastic"] and facts["hadamard"],
+                   "stochastic rounding in the row pass with the transform: row scaling with both takes the "
+                   "amax_hadamard pass and the plain rowwise and columnwise quantize kernels"),
+                  _STOCHASTIC_EXCLUSION),
+        defaults=_PLAIN_DEFAULTS,
     ),
     "amax_hadamard": Family(
         name="amax_hadamard",
@@ -241,7 +265,7 @@ FAMILIES = {
             Param("row_scale", "uint8_t*"),  # [rows, cols/16], contiguous
             Param("col_data", "uint8_t*"),  # [cols, rows/2], contiguous, or null: no columnwise copy
             Param("col_scale", "uint8_t*"),  # [cols, rows/16], contiguous
-            Param("rng_state", "const int64_t*"),  # [seed, offset] (stochastic rounding), read on the device
+            _RNG_STATE_PARAM,
             Param("vector_amax", "int64_t"),  # 1: per-row / per-column amaxes; 0: per tensor
             Param("block_2d", "int64_t"),  # 1: 16x16 blocks (per tensor, no transform); 0: 1x16
             Param("error_mse", "int64_t"),  # 4over6's error: 1 squared, 0 absolute

@@ -4,14 +4,15 @@
 
 using InT = float;
 constexpr bool kRowwise = true, kColwise = true, kRowScaled = false;
-constexpr bool k2D = false, kHadamard = false, kHardwareCvt = true;
+constexpr bool k2D = false, kHadamard = false, kStochastic = false;
+constexpr bool kHardwareCvt = true;
 
-FP4GEN_EXPORT int quantize_nvfp4_fp32_rowcol_tensorscaled_b1x16_sm100a_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax, const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale) {
-  return fp4gen::quantize_can_implement<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale);
+FP4GEN_EXPORT int quantize_nvfp4_fp32_rowcol_tensorscaled_b1x16_sm100a_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax, const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale, const int64_t* rng_state) {
+  return fp4gen::quantize_can_implement<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard, kStochastic>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, rng_state);
 }
 
-FP4GEN_EXPORT size_t quantize_nvfp4_fp32_rowcol_tensorscaled_b1x16_sm100a_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax, const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale) { return 0; }
+FP4GEN_EXPORT size_t quantize_nvfp4_fp32_rowcol_tensorscaled_b1x16_sm100a_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax, const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale, const int64_t* rng_state) { return 0; }
 
-FP4GEN_EXPORT int quantize_nvfp4_fp32_rowcol_tensorscaled_b1x16_sm100a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax, const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale, cudaStream_t stream) {
-  return fp4gen::quantize_run<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard, kHardwareCvt>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, stream);
+FP4GEN_EXPORT int quantize_nvfp4_fp32_rowcol_tensorscaled_b1x16_sm100a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax, const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale, const int64_t* rng_state, cudaStream_t stream) {
+  return fp4gen::quantize_run<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard, kStochastic, kHardwareCvt>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, rng_state, stream);
 }

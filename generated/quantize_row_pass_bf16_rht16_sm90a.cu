@@ -3,14 +3,14 @@
 #include "fp4gen/row_pass_hadamard.cuh"
 
 using InT = __nv_bfloat16;
-constexpr bool kHardwareCvt = false;
+constexpr bool kHardwareCvt = false, kStochastic = false;
 
-FP4GEN_EXPORT int quantize_row_pass_bf16_rht16_sm90a_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace) {
-  return fp4gen::row_pass_hadamard_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace);
+FP4GEN_EXPORT int quantize_row_pass_bf16_rht16_sm90a_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace, const int64_t* rng_state) {
+  return fp4gen::row_pass_hadamard_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace, rng_state);
 }
 
-FP4GEN_EXPORT size_t quantize_row_pass_bf16_rht16_sm90a_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace) { return 0; }
+FP4GEN_EXPORT size_t quantize_row_pass_bf16_rht16_sm90a_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace, const int64_t* rng_state) { return 0; }
 
-FP4GEN_EXPORT int quantize_row_pass_bf16_rht16_sm90a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace, cudaStream_t stream) {
-  return fp4gen::row_pass_hadamard_run<InT, kHardwareCvt>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace, stream);
+FP4GEN_EXPORT int quantize_row_pass_bf16_rht16_sm90a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace, const int64_t* rng_state, cudaStream_t stream) {
+  return fp4gen::row_pass_hadamard_run<InT, kHardwareCvt>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace, rng_state, stream);
 }

@@ -3,14 +3,14 @@
 #include "fp4gen/row_pass.cuh"
 
 using InT = __half;
-constexpr bool kHardwareCvt = true;
+constexpr bool kHardwareCvt = true, kStochastic = false;
 
-FP4GEN_EXPORT int quantize_row_pass_fp16_sm100a_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace) {
-  return fp4gen::row_pass_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace);
+FP4GEN_EXPORT int quantize_row_pass_fp16_sm100a_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace, const int64_t* rng_state) {
+  return fp4gen::row_pass_can_implement<InT, kStochastic>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace, rng_state);
 }
 
-FP4GEN_EXPORT size_t quantize_row_pass_fp16_sm100a_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace) { return fp4gen::row_pass_workspace_size<InT, kHardwareCvt>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace); }
+FP4GEN_EXPORT size_t quantize_row_pass_fp16_sm100a_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace, const int64_t* rng_state) { return fp4gen::row_pass_workspace_size<InT, kStochastic, kHardwareCvt>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace, rng_state); }
 
-FP4GEN_EXPORT int quantize_row_pass_fp16_sm100a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace, cudaStream_t stream) {
-  return fp4gen::row_pass_run<InT, kHardwareCvt>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace, stream);
+FP4GEN_EXPORT int quantize_row_pass_fp16_sm100a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace, const int64_t* rng_state, cudaStream_t stream) {
+  return fp4gen::row_pass_run<InT, kStochastic, kHardwareCvt>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace, rng_state, stream);
 }

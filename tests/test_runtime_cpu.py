@@ -154,23 +154,30 @@ def test_built_quantize_library_checks_problems(name):
     rowwise, colwise = values["direction"] in ("rowwise", "both"), values["direction"] in ("columnwise", "both")
     outs = (0x3000, 0x4000) if rowwise else (None, None)
     outs += (0x5000, 0x6000) if colwise else (None, None)
-    ok = (0x1000, 64, 32, 64, 0x2000, 0x2100) + outs
+    stochastic = values["rounding"] == "stochastic"
+    ok = (0x1000, 64, 32, 64, 0x2000, 0x2100) + outs + (0x7000 if stochastic else None,)
     assert kernel.can_implement(*ok) == 0
     assert kernel.can_implement(0x1004, *ok[1:]) == 2  # x not 16-byte aligned
     assert kernel.can_implement(*ok[:3], 24, *ok[4:]) == 1  # cols not a multiple of 16
     needs_rows_of_16 = colwise or values["block"] == "16x16"
     assert kernel.can_implement(*ok[:2], 24, *ok[3:]) == (1 if needs_rows_of_16 else 0)
-    missing_output = ok[:6] + (None,) * 4
+    missing_output = ok[:6] + (None,) * 4 + ok[10:]
     assert kernel.can_implement(*missing_output) == 1
+    # the random state: required with stochastic rounding, not read otherwise
+    assert kernel.can_implement(*ok[:10], None) == (1 if stochastic else 0)
 
 
 @needs_build
 @pytest.mark.parametrize("name", [n for n in _kernels("row_pass") if MANIFEST["kernels"][n]["values"]["hadamard"] == "none"])
 def test_built_row_pass_library_checks_problems(name):
     kernel = library.load_kernel(name)
-    elem = {"bf16": 2, "fp16": 2, "fp32": 4}[MANIFEST["kernels"][name]["values"]["in_dtype"]]
-    ok = (0x1000, 64, 30, 64, 0x2000, 0x2100, 0x3000, 0x4000, 0x5000)  # rows need not be a multiple of 16
+    values = MANIFEST["kernels"][name]["values"]
+    elem = {"bf16": 2, "fp16": 2, "fp32": 4}[values["in_dtype"]]
+    stochastic = values["rounding"] == "stochastic"
+    # rows need not be a multiple of 16
+    ok = (0x1000, 64, 30, 64, 0x2000, 0x2100, 0x3000, 0x4000, 0x5000, 0x6000 if stochastic else None)
     assert kernel.can_implement(*ok) == 0
+    assert kernel.can_implement(*ok[:9], None) == (1 if stochastic else 0)  # the random state
     assert kernel.can_implement(0x1004, *ok[1:]) == 2  # x not 16-byte aligned
     assert kernel.can_implement(*ok[:6], 0x3004, *ok[7:]) == 2  # codes not 8-byte aligned
     assert kernel.can_implement(*ok[:3], 24, *ok[4:]) == 1  # cols not a multiple of 16
@@ -186,7 +193,7 @@ def test_built_row_pass_library_checks_problems(name):
 @pytest.mark.parametrize("name", [n for n in _kernels("row_pass") if MANIFEST["kernels"][n]["values"]["hadamard"] == "rht16"])
 def test_built_hadamard_row_pass_library_checks_problems(name):
     kernel = library.load_kernel(name)
-    ok = (0x1000, 64, 32, 64, 0x2000, 0x2100, 0x3000, 0x4000, None)  # no workspace
+    ok = (0x1000, 64, 32, 64, 0x2000, 0x2100, 0x3000, 0x4000, None, None)  # no workspace, no random state
     assert kernel.can_implement(*ok) == 0
     assert kernel.workspace_size(*ok) == 0
     assert kernel.can_implement(*ok[:2], 24, *ok[3:]) == 1  # 16-row panels: rows a multiple of 16

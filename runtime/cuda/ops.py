@@ -115,24 +115,40 @@ def uses_row_pass(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, co
             and x.shape[1] * x.element_size() <= limit)
 
 
+def plain_kernels_take(x: torch.Tensor, block: tuple, columnwise: bool, options: QuantizeOptions) -> bool:
+    """Whether the plain kernels' variants (quantize, row_pass) serve these options: 1x16 blocks (or no option),
+    no 4over6, the Hadamard transform only with a columnwise copy, stochastic rounding only for 16-bit inputs
+    (see the quantize family's exclusions). The rest takes the quantize_options kernels."""
+    if options == DEFAULT_OPTIONS:
+        return True
+    return (options.four_over_six is None and tuple(block) == (1, 16) and (columnwise or not options.hadamard)
+            and (options.rounding == "nearest" or x.element_size() == 2))
+
+
 def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
              options: QuantizeOptions = DEFAULT_OPTIONS):
     """Row-scaled with a rowwise copy (see uses_row_pass): the row pass, then the columnwise-only quantize kernel
     if the columnwise copy is asked for. Otherwise: the amax pass (its outputs zeroed by a kernel of its own),
     then the quantize kernel. Each launch after the first is a programmatic dependent of the one before; no
-    host synchronization. Options beyond the defaults take quantize_with_options."""
+    host synchronization. Stochastic rounding takes the same kernels' stochastic variants where
+    plain_kernels_take says so; the Hadamard transform takes _quantize_hadamard; other options take
+    quantize_with_options."""
     rows, cols = x.shape
     if rows > 0 and cols > 1 and x.stride(1) != 1:
         raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
                          f"elements (last stride 1); pass x.contiguous()")
-    if options != DEFAULT_OPTIONS:
+    if not plain_kernels_take(x, block, columnwise, options):
         return quantize_with_options(x, scaling, block, rowwise, columnwise, options)
+    if options.hadamard:
+        return _quantize_hadamard(x, scaling, rowwise, options)
     device, row_scaled = x.device, scaling == "row"
     row_pass = uses_row_pass(x, scaling, block, rowwise, columnwise)
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}  # an empty x is never read
     in_dtype = {"in_dtype": x.dtype}
+    rounding = {"rounding": options.rounding}
     if row_pass:
-        first_kernel = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers, {"hadamard": "none"}))
+        first_kernel = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers,
+                                            {"hadamard": "none", **rounding}))
     else:
         first_kernel = _kernel_for(_problem("amax", device, in_dtype, cols, pointers))
     quantize_direction = "columnwise" if row_pass else ("both" if rowwise and columnwise else
@@ -141,7 +157,8 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     if columnwise or not row_pass:
         quantize_kernel = _kernel_for(_problem("quantize", device, in_dtype, cols, pointers, {
             "direction": quantize_direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}",
-            "hadamard": "none"}))
+            "hadamard": "none", **rounding}))
+    rng_state = _rng_state(options)
 
     if row_scaled:  # per-row amax for the rowwise copy, per-column amax for the columnwise copy
         row_amax = _empty(device, rows, dtype=torch.float32) if rowwise else None
@@ -155,11 +172,16 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
         _zero(row_amax, col_amax, tensor_amax)
     elif row_pass:
         _launch_row_pass(first_kernel, quantize_kernel, x, row_amax, col_amax, row_data, row_scale, col_data,
-                         col_scale)
+                         col_scale, rng_state)
     else:
         _launch_quantize(first_kernel, quantize_kernel, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
-                         col_data, col_scale)
+                         col_data, col_scale, rng_state)
     return _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
+
+
+def _rng_state(options: QuantizeOptions):
+    """The device tensor [seed, offset] that stochastic rounding reads, or None."""
+    return options.rng.tensor if options.rounding == "stochastic" else None
 
 
 def _empty(device, *shape, dtype=torch.uint8):
@@ -185,28 +207,20 @@ def _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_
     return row, col
 
 
-# The Hadamard transform alone (1x16 blocks, round to nearest) takes the plain kernels' structure: the
+# The Hadamard transform (1x16 blocks, round to nearest or stochastic) takes the plain kernels' structure: the
 # columnwise-only quantize kernel transforms each tile in place (spec quantize_hadamard.yaml). Before it,
-# row scaling with a rowwise copy takes the row pass with the transform (16-bit rows of up to this many
-# elements: a cluster of 8 CTAs holds a 16-row panel), which also makes the rowwise copy; anything else takes
-# the amax_hadamard pass and, for a rowwise copy, the plain rowwise-only kernel.
+# row scaling with a rowwise copy, rounded to nearest, takes the row pass with the transform (16-bit rows of up
+# to this many elements: a cluster of 8 CTAs holds a 16-row panel), which also makes the rowwise copy; anything
+# else takes the amax_hadamard pass and, for a rowwise copy, the plain rowwise-only kernel.
 ROW_PASS_HADAMARD_MAX_COLS = 16384
-
-
-def _hadamard_only(block: tuple, columnwise: bool, options: QuantizeOptions) -> bool:
-    return (options.hadamard and options.rounding == "nearest" and options.four_over_six is None
-            and tuple(block) == (1, 16) and columnwise)
 
 
 def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
                           options: QuantizeOptions):
-    """Stochastic rounding, the Hadamard transform and/or 4over6: an amax pass (amax_hadamard with the
+    """The options the plain kernels do not take (plain_kernels_take): an amax pass (amax_hadamard with the
     transform: the columnwise amaxes are then those of the transformed copy), then the quantize_options kernel
     of the options, which takes the copies, the scaling and the block shape as arguments. Stochastic rounding
-    reads the state's seed and offset on the device; fp4gen.quantize advances the offset afterwards. The
-    transform alone takes _quantize_hadamard."""
-    if _hadamard_only(block, columnwise, options):
-        return _quantize_hadamard(x, scaling, rowwise)
+    reads the state's seed and offset on the device; fp4gen.quantize advances the offset afterwards."""
     rows, cols = x.shape
     device, row_scaled = x.device, scaling == "row"
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}
@@ -237,26 +251,29 @@ def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: 
         _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), None)
     else:
         _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, None, None, _ptr(row_amax))
-    rng_state = options.rng.tensor if options.rng is not None else None
+    rng_state = _rng_state(options)
     _launch(kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), _ptr(row_data),
             _ptr(row_scale), _ptr(col_data), _ptr(col_scale), _ptr(rng_state), 1 if row_scaled else 0,
             1 if tuple(block) == (16, 16) else 0, 1 if options.four_over_six == "mse" else 0)
     return _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max)
 
 
-def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool):
+def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: QuantizeOptions):
     """The columnwise copy with the Hadamard transform (and the plain rowwise copy, if asked for), 1x16 blocks,
-    round to nearest: see ROW_PASS_HADAMARD_MAX_COLS."""
+    rounded as options say: see ROW_PASS_HADAMARD_MAX_COLS."""
     rows, cols = x.shape
     device, row_scaled = x.device, scaling == "row"
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}
     in_dtype = {"in_dtype": x.dtype}
     row_pass = (row_scaled and rowwise and x.element_size() == 2 and cols <= ROW_PASS_HADAMARD_MAX_COLS
+                and options.rounding == "nearest"
                 and ROW_PASS_MAX_ROW_BYTES > 0)  # (row_pass_limits(0) turns it off, as for the plain path)
+    rng_state = _rng_state(options)
 
     def quantize_kernel(direction, hadamard):
         return _kernel_for(_problem("quantize", device, in_dtype, cols, pointers, {
-            "direction": direction, "scaling": scaling, "block": "1x16", "hadamard": hadamard}))
+            "direction": direction, "scaling": scaling, "block": "1x16", "hadamard": hadamard,
+            "rounding": options.rounding}))
 
     col_kernel = quantize_kernel("columnwise", "rht16")
     if row_scaled:
@@ -273,15 +290,15 @@ def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool):
     if row_pass:
         first = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers, {"hadamard": "rht16"}))
         _launch(first, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), _ptr(row_data),
-                _ptr(row_scale), None)
+                _ptr(row_scale), None, None)
     else:
         amax_kernel = _kernel_for(_problem("amax_hadamard", device, in_dtype, cols, pointers))
         _launch_amax_hadamard(amax_kernel, x, stride, row_scaled, row_amax, col_amax)
         if rowwise:
             _launch(quantize_kernel("rowwise", "none"), device, x.data_ptr(), stride, rows, cols, _ptr(row_amax),
-                    None, _ptr(row_data), _ptr(row_scale), None, None)
+                    None, _ptr(row_data), _ptr(row_scale), None, None, _ptr(rng_state))
     _launch(col_kernel, device, x.data_ptr(), stride, rows, cols, None, _ptr(col_amax), None, None, _ptr(col_data),
-            _ptr(col_scale))
+            _ptr(col_scale), _ptr(rng_state))
     return _operands(rowwise, True, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
 
 
@@ -305,11 +322,11 @@ def _row_pass_workspace_bytes(kernel, device_index: int, rows: int, cols: int, c
     null, so a placeholder address stands for it."""
     col_amax_placeholder = 16 if columns else None
     with torch.cuda.device(device_index):
-        return kernel.workspace_size(None, cols, rows, cols, None, col_amax_placeholder, None, None, None)
+        return kernel.workspace_size(None, cols, rows, cols, None, col_amax_placeholder, None, None, None, None)
 
 
 def _launch_row_pass(row_pass_kernel, columnwise_kernel, x, row_amax, col_amax, row_data, row_scale, col_data,
-                     col_scale):
+                     col_scale, rng_state):
     rows, cols = x.shape
     device = x.device
     stride = x.stride(0) if rows > 1 else cols
@@ -318,14 +335,14 @@ def _launch_row_pass(row_pass_kernel, columnwise_kernel, x, row_amax, col_amax, 
     workspace_bytes = _row_pass_workspace_bytes(row_pass_kernel, device.index, rows, cols, col_amax is not None)
     # from the allocator, on the launching stream: its memory is not reused before the kernels that read it ran
     workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device) if workspace_bytes else None
-    _launch(row_pass_kernel, device, *args, _ptr(workspace))
+    _launch(row_pass_kernel, device, *args, _ptr(workspace), _ptr(rng_state))
     if columnwise_kernel is not None:
         _launch(columnwise_kernel, device, x.data_ptr(), stride, rows, cols, None, col_amax.data_ptr(), None, None,
-                col_data.data_ptr(), col_scale.data_ptr())
+                col_data.data_ptr(), col_scale.data_ptr(), _ptr(rng_state))
 
 
 def _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
-                     col_data, col_scale):
+                     col_data, col_scale, rng_state):
     rows, cols = x.shape
     device = x.device
     stride = x.stride(0) if rows > 1 else cols
@@ -334,7 +351,7 @@ def _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor
     else:
         _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, None, None, _ptr(tensor_amax))
     _launch(quantize_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), _ptr(row_data),
-            _ptr(row_scale), _ptr(col_data), _ptr(col_scale))
+            _ptr(row_scale), _ptr(col_data), _ptr(col_scale), _ptr(rng_state))
 
 
 def gemm_alpha(a: NVFP4Data, b: NVFP4Data) -> float:

@@ -98,15 +98,35 @@ def test_hadamard_row_pass_over_cluster_widths(dtype, cols, monkeypatch):
     assert any(n.startswith("quantize_nvfp4_") and "col_rowscaled_b1x16_rht16" in n for n in launched), launched
 
 
+@pytest.mark.parametrize("option", ["sr", "rht", "sr+rht"])
 @pytest.mark.parametrize("scaling", ["row", "tensor"])
-def test_hadamard_alone_takes_the_plain_kernels(scaling, monkeypatch):
+def test_plain_kernels_take_the_transform_and_stochastic_rounding(option, scaling, monkeypatch):
+    # 16-bit input, 1x16 blocks: the plain kernels' variants, none of the quantize_options kernels; a tensor
+    # of several tiles a CTA (rows and columns with tails of a tile), so that the random bytes of every tile
+    # position are checked
     launched = _launched_kernels(monkeypatch)
-    x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
-    assert_same_as_reference(x, scaling=scaling, hadamard=True)
-    assert not any("options" in n for n in launched), launched
-    launched.clear()
-    assert_same_as_reference(x, scaling=scaling, hadamard=True, rounding="stochastic")
-    assert any("options" in n for n in launched), launched  # with stochastic rounding: quantize_options
+    kwargs = OPTIONS[option]
+    torch.manual_seed(7)
+    x = (torch.randn(1040, 2064, device="cuda") * 3).to(torch.bfloat16)
+    for copies in ("rowwise", "columnwise", "both"):
+        rowwise, columnwise = COPIES[copies]
+        if kwargs.get("hadamard") and not columnwise:
+            continue
+        launched.clear()
+        assert_same_as_reference(x, scaling=scaling, rowwise=rowwise, columnwise=columnwise, **kwargs)
+        assert not any("options" in n for n in launched), (copies, launched)
+        if kwargs.get("rounding") == "stochastic":  # every kernel that encodes rounds stochastically
+            encoders = [n for n in launched if n.startswith(("quantize_nvfp4", "quantize_row_pass"))]
+            assert encoders and all("_sr_" in n for n in encoders), (copies, launched)
+            if scaling == "row" and rowwise and not kwargs.get("hadamard"):
+                assert any(n.startswith("quantize_row_pass") for n in launched), launched
+
+
+@pytest.mark.parametrize("option", ["sr", "sr+rht"])
+def test_stochastic_rounding_of_fp32_takes_the_option_kernels(option, monkeypatch):
+    launched = _launched_kernels(monkeypatch)
+    assert_same_as_reference(torch.randn(64, 128, device="cuda"), scaling="tensor", **OPTIONS[option])
+    assert any("options" in n for n in launched), launched
 
 
 @pytest.mark.parametrize("option", ["sr", "4o6-mae"])

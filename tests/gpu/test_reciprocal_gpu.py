@@ -1,7 +1,9 @@
 """Arithmetic shortcuts of the kernels against the operations they replace, for every float in their range, on
 the GPU (programs in tests/cuda/, built with nvcc for the device at hand): the branch-free reciprocal of the
-sm_90a quantize kernels' block scales (reciprocal_rn_in_range in nvfp4.cuh) against __frcp_rn, and the
-division in 4over6's error (divide_by_four_over_six_numerator in four_over_six.cuh) against __fdiv_rn."""
+sm_90a quantize kernels' block scales (reciprocal_rn_in_range in nvfp4.cuh) against __frcp_rn, the
+division in 4over6's error (divide_by_four_over_six_numerator in four_over_six.cuh) against __fdiv_rn, and the
+stochastic E2M1 step (e2m1_code_stochastic in stochastic.cuh) against the rule with its division, for every
+random byte too."""
 import subprocess
 
 import pytest
@@ -33,4 +35,9 @@ def test_block_scale_reciprocal_matches_frcp_rn(tmp_path):
 
 def test_four_over_six_error_division_matches_fdiv_rn(tmp_path):
     out = _run(tmp_path, "four_over_six_division_exhaustive")
+    assert len([line for line in out.splitlines() if ": 0 mismatches" in line]) == 1, out
+
+
+def test_stochastic_code_matches_the_rule(tmp_path):
+    out = _run(tmp_path, "stochastic_code_exhaustive")
     assert len([line for line in out.splitlines() if ": 0 mismatches" in line]) == 1, out

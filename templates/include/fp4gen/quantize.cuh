@@ -45,6 +45,7 @@
 #include "fp4gen/elements.cuh"
 #include "fp4gen/hadamard.cuh"
 #include "fp4gen/nvfp4.cuh"
+#include "fp4gen/stochastic.cuh"
 
 namespace fp4gen {
 
@@ -205,21 +206,26 @@ __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, in
 
 // Persistent CTAs, each over a contiguous run of units (see kUnitTiles) in row-major order; after the row pass,
 // single tiles dealt in turn (quant_after_row_pass).
-template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt, bool kHadamard>
+// kStochastic: stochastic rounding (stochastic.cuh) with the seed and offset in rng_state (read on the device):
+// the rowwise copy draws at the offset, the columnwise copy at the offset + 1, as quantize_options does.
+template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt, bool kHadamard,
+          bool kStochastic>
 __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     quantize_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
                     const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                     uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale, uint8_t* __restrict__ col_data,
-                    uint8_t* __restrict__ col_scale) {
+                    uint8_t* __restrict__ col_scale, const int64_t* __restrict__ rng_state) {
   using L = QuantLane<InT>;
   // kHadamard (the columnwise-only kernel): each tile's patch is transformed in place before anything reads it,
   // and from then on holds V values (bf16, or fp32 words holding bf16 values; hadamard.cuh).
   static_assert(!kHadamard || (kColwise && !kRowwise && !k2D), "the transform is of the columnwise copy, 1x16 blocks");
+  // A rowwise block's two lanes share its random words (one Philox call each, exchanged); gradients are 1x16.
+  static_assert(!kStochastic || (sizeof(InT) == 2 && !k2D), "stochastic rounding: 16-bit inputs, 1x16 blocks");
   using V = std::conditional_t<kHadamard, HadamardPatchElement<InT>, InT>;
   constexpr int kVec = L::kVec, kBlockLanes = L::kBlockLanes, kOwnedRows = L::kOwnedRows;
   // The fast software encode is for 16-bit inputs (whose products with r cannot underflow for r above a
-  // bound), and sm_100a has the hardware conversion.
-  constexpr bool kFastEncode = !kHardwareCvt && sizeof(InT) == 2;
+  // bound) rounded to nearest, and sm_100a has the hardware conversion.
+  constexpr bool kFastEncode = !kHardwareCvt && sizeof(InT) == 2 && !kStochastic;
   // Branch-free block scales (reciprocal_rn_in_range) on sm_90a, where the reciprocal is checked against
   // __frcp_rn on the GPU; sm_100a, which cannot be run here, keeps __frcp_rn.
   constexpr bool kBranchFreeScales = !kHardwareCvt;
@@ -270,6 +276,9 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // The kernel that writes the amaxes may still be running (quantize_run launches this grid as its programmatic
   // dependent, so that this grid's launch and set-up overlap its last wave): wait for it and its amaxes here.
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  uint64_t seed = 0, row_draw = 0;  // stochastic rounding: the rowwise copy's offset; the columnwise copy's is + 1
+  if constexpr (kStochastic) seed = static_cast<uint64_t>(rng_state[0]), row_draw = static_cast<uint64_t>(rng_state[1]);
+  const uint64_t col_draw = row_draw + 1;
 
   // tensor scaling: one global scale per direction for the whole call
   GlobalScale tensor_row_global{}, tensor_col_global{};
@@ -536,7 +545,59 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
         for (int i = 0; i < 8; ++i) patch[i] = patch[i + 8];
       }
     };
-    if constexpr (kFastEncode) {
+    // Stochastic rounding, the only encode of its kernels, to the same stages. Each block draws its random words
+    // in the lanes that encode it: a rowwise block's two lanes each draw one row of a row pair and swap the
+    // halves the other needs; a columnwise block is its lane's, encoded a column at a time (the half's two words
+    // of one draw), which keeps one column's words live instead of every column's (ptxas spilled with them all).
+    auto encode_patch_stochastic = [&]() {
+      const uint64_t row_blocks = static_cast<uint64_t>(cols / 16), col_blocks = static_cast<uint64_t>(rows / 16);
+      [[maybe_unused]] const uint64_t row_block0 = static_cast<uint64_t>(m0 + 16 * group) * row_blocks + k0 / 16 + block;
+      [[maybe_unused]] const uint64_t col_block0 = static_cast<uint64_t>(k0 + kc * kVec) * col_blocks + m0 / 16 + group;
+      uint8_t* row_dst = &row_code_stage[warp][16 * group][tk % kCodeStageTiles * (kQuantTileCols / 2) + kc * kVec / 2];
+#pragma unroll(kRowwise ? 1 : 2)
+      for (int half = 0; half < 2; ++half, row_dst += 8 * kCodeStageBytes) {
+        auto element = [&](int i, int c) { return Element<V>::word_element_to_float(&patch[i].x, c); };
+        if constexpr (kRowwise) {
+#pragma unroll
+          for (int pp = 0; pp < 4; ++pp) {
+            const int i0 = 8 * half + 2 * pp;  // rows i0, i0 + 1 of the patch
+            const float2 r = *reinterpret_cast<const float2*>(&row_inverse[warp][block][16 * group + i0]);
+            float v[2][kVec];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int c = 0; c < kVec; ++c) v[h][c] = element(2 * pp + h, c);
+            // this lane draws row i0 + q; its half of a block is words 2q and 2q + 1
+            const uint4 b = block_random_bits(seed, row_draw, row_block0 + static_cast<uint64_t>(i0 + q) * row_blocks);
+            const uint2 own = q ? make_uint2(b.z, b.w) : make_uint2(b.x, b.y);
+            const uint2 give = q ? make_uint2(b.x, b.y) : make_uint2(b.z, b.w);
+            const uint2 got = make_uint2(__shfl_xor_sync(0xFFFFFFFFu, give.x, 1), __shfl_xor_sync(0xFFFFFFFFu, give.y, 1));
+            *reinterpret_cast<uint32_t*>(row_dst + 2 * pp * kCodeStageBytes) = encode_codes_stochastic(v[0], r.x, q ? got : own);
+            *reinterpret_cast<uint32_t*>(row_dst + (2 * pp + 1) * kCodeStageBytes) =
+                encode_codes_stochastic(v[1], r.y, q ? own : got);
+          }
+        }
+        if constexpr (kColwise) {
+          const int offset = warp * (L::kTileRows / 2) + group * 8 + half * 4;  // as in encode_patch
+#pragma unroll
+          for (int c = 0; c < kVec; ++c) {
+            const uint4 b = block_random_bits(seed, col_draw, col_block0 + c * col_blocks);
+            const uint2 words = half ? make_uint2(b.z, b.w) : make_uint2(b.x, b.y);  // the half's 8 rows
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = element(i, c);
+            const int col = kc * kVec + c;
+            *reinterpret_cast<uint32_t*>(&col_code_stage[col][col_code_piece(col, offset / 16) * 16 + offset % 16]) =
+                encode_codes_stochastic(v, col_r[c], words);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) patch[i] = patch[i + 8];
+      }
+    };
+    if constexpr (kStochastic) {
+      encode_patch_stochastic();
+    } else if constexpr (kFastEncode) {
       if (__all_sync(0xFFFFFFFFu, fast_ok)) {
         encode_patch(std::true_type{});
       } else {
@@ -601,10 +662,10 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   }
 }
 
-template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHadamard>
+template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHadamard, bool kStochastic>
 int quantize_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax,
                            const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data,
-                           uint8_t* col_scale) {
+                           uint8_t* col_scale, const int64_t* rng_state) {
   constexpr int64_t kTileRows = QuantLane<InT>::kTileRows;
   if (rows < 0 || cols < 0 || cols % 16 != 0) return kInvalidProblem;
   if ((kColwise || k2D) && rows % 16 != 0) return kInvalidProblem;
@@ -613,21 +674,23 @@ int quantize_can_implement(const void* x, int64_t x_row_stride, int64_t rows, in
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
   if (kRowwise && (row_amax == nullptr || row_data == nullptr || row_scale == nullptr)) return kInvalidProblem;
   if (kColwise && (col_amax == nullptr || col_data == nullptr || col_scale == nullptr)) return kInvalidProblem;
+  if (kStochastic && rng_state == nullptr) return kInvalidProblem;
   if (!aligned(x, 16) || (rows > 1 && (x_row_stride * static_cast<int64_t>(sizeof(InT))) % 16 != 0))
     return kMisaligned;
   if ((kRowwise && !aligned(row_data, 8)) || (kColwise && !aligned(col_data, 8))) return kMisaligned;
   return kOk;
 }
 
-template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHadamard, bool kHardwareCvt>
+template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHadamard, bool kStochastic,
+          bool kHardwareCvt>
 int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax,
                  const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale,
-                 cudaStream_t stream) {
-  const int status = quantize_can_implement<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard>(
-      x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale);
+                 const int64_t* rng_state, cudaStream_t stream) {
+  const int status = quantize_can_implement<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard, kStochastic>(
+      x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, rng_state);
   if (status != kOk) return status;
   if (rows == 0 || cols == 0) return kOk;
-  auto kernel = quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHardwareCvt, kHadamard>;
+  auto kernel = quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHardwareCvt, kHadamard, kStochastic>;
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
@@ -647,7 +710,7 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
   // the programmatic dependent of the kernel before it (the kernel waits for it before it reads the amaxes)
   return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
                                        static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
-                                       row_data, row_scale, col_data, col_scale);
+                                       row_data, row_scale, col_data, col_scale, rng_state);
 }
 
 }  // namespace fp4gen

@@ -38,13 +38,9 @@ __device__ __forceinline__ uint64_t encode16_nearest(const float (&v)[16], float
 
 // 16 stochastically rounded codes of fl(v[k] * r) with the block's random words.
 __device__ __forceinline__ uint64_t encode16_stochastic(const float (&v)[16], float r, uint4 bits) {
-  const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
-  uint64_t codes = 0;
-#pragma unroll
-  for (int k = 0; k < 16; ++k)
-    codes |= static_cast<uint64_t>(e2m1_code_stochastic(__fmul_rn(v[k], r), (words[k / 4] >> (8 * (k % 4))) & 0xFFu))
-             << (4 * k);
-  return codes;
+  const uint32_t lo = encode_codes_stochastic(*reinterpret_cast<const float(*)[8]>(v), r, make_uint2(bits.x, bits.y));
+  const uint32_t hi = encode_codes_stochastic(*reinterpret_cast<const float(*)[8]>(v + 8), r, make_uint2(bits.z, bits.w));
+  return static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
 }
 
 // NaN-ignoring block amax (as upstream's kernels): fmaxf drops a NaN operand.

@@ -42,6 +42,7 @@
 #include "fp4gen/abi.h"
 #include "fp4gen/elements.cuh"
 #include "fp4gen/nvfp4.cuh"
+#include "fp4gen/stochastic.cuh"
 
 namespace fp4gen {
 
@@ -79,17 +80,20 @@ auto with_row_pass_shape(int64_t cols, F&& f) {
   return f(std::integral_constant<int, 8>{}, std::false_type{});
 }
 
-template <class InT, bool kHardwareCvt, int kWarps, bool kWholeRow>
+// kStochastic: the rowwise copy rounded stochastically (stochastic.cuh) with the seed and offset in rng_state (read
+// on the device); a lane's block is its own, so each block is one Philox call.
+template <class InT, bool kHardwareCvt, bool kStochastic, int kWarps, bool kWholeRow>
 __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
     row_pass_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
                     float* __restrict__ row_amax, float* __restrict__ col_amax, uint4* __restrict__ col_partial,
-                    uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale) {
+                    uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale,
+                    const int64_t* __restrict__ rng_state) {
   using E = Element<InT>;
   using Layout = RowPassLayout<InT>;
   constexpr int kVec = Layout::kVec, kLoads = Layout::kLoads, kPanelRows = kRowPassPanelRows;
   constexpr int kThreads = 32 * kWarps, kHeld = Layout::kHeldChunks;
   constexpr int kPerWord = 4 / static_cast<int>(sizeof(InT));
-  constexpr bool kFastEncode = !kHardwareCvt && sizeof(InT) == 2;  // as in quantize.cuh
+  constexpr bool kFastEncode = !kHardwareCvt && sizeof(InT) == 2 && !kStochastic;  // as in quantize.cuh
   constexpr bool kBranchFreeScales = !kHardwareCvt;
   extern __shared__ __align__(16) uint4 column_max[];  // [chunk][vector][lane]; only when col_amax != nullptr
   __shared__ uint32_t warp_row_max[kWarps][kPanelRows];
@@ -111,6 +115,8 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
   // Launched as the programmatic dependent of the kernel before it on the stream (which may write x or read
   // the outputs): wait for it before touching global memory.
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  uint64_t seed = 0, draw = 0;
+  if constexpr (kStochastic) seed = static_cast<uint64_t>(rng_state[0]), draw = static_cast<uint64_t>(rng_state[1]);
   if (columns)  // column_amax_reduce_kernel accumulates into col_amax with atomicMax after this grid ends
     for (int64_t c = int64_t{blockIdx.x} * kThreads + threadIdx.x; c < cols; c += int64_t{gridDim.x} * kThreads)
       col_amax[c] = 0.0f;
@@ -264,6 +270,13 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
                    static_cast<uint8_t>(enc.scale_byte));
         }
         auto encode = [&](auto fast) {
+          uint4 bits[kStochastic ? kPanelRows : 1];  // each row's block's random words
+          if constexpr (kStochastic) {
+#pragma unroll
+            for (int p = 0; p < kPanelRows; ++p)
+              bits[p] = block_random_bits(seed, draw, static_cast<uint64_t>(r0 + p) * static_cast<uint64_t>(scale_pitch) +
+                                                          static_cast<uint64_t>(chunk_offset / 16 + lane));
+          }
 #pragma unroll
           for (int p = 0; p < kPanelRows; ++p) {
             uint32_t codes[2];
@@ -273,7 +286,10 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
 #pragma unroll
               for (int c = 0; c < 8; ++c)
                 vals[c] = E::word_element_to_float(&v[p][(8 * half + c) / kVec].x, (8 * half + c) % kVec);
-              if constexpr (decltype(fast)::value) {
+              if constexpr (kStochastic) {  // the block's words 2 half, 2 half + 1
+                const uint4 b = bits[p];
+                codes[half] = encode_codes_stochastic(vals, r[p], half ? make_uint2(b.z, b.w) : make_uint2(b.x, b.y));
+              } else if constexpr (decltype(fast)::value) {
                 codes[half] = encode_codes_fast(vals, r[p]);
               } else {
                 codes[half] = encode_codes<kHardwareCvt, 8>(vals, r[p]);
@@ -374,9 +390,9 @@ __global__ void __launch_bounds__(1024)
 }
 
 // The row pass's grid: CTAs that fit on the GPU at once, at most one per panel. 0 on a CUDA error.
-template <class InT, bool kHardwareCvt, int kWarps, bool kWholeRow>
+template <class InT, bool kHardwareCvt, bool kStochastic, int kWarps, bool kWholeRow>
 int64_t row_pass_grid(int64_t rows, int64_t cols, bool columns, size_t* shared_bytes) {
-  auto kernel = row_pass_kernel<InT, kHardwareCvt, kWarps, kWholeRow>;
+  auto kernel = row_pass_kernel<InT, kHardwareCvt, kStochastic, kWarps, kWholeRow>;
   *shared_bytes = columns ? static_cast<size_t>(RowPassLayout<InT>::column_bytes(cols)) : 0;
   int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -398,13 +414,15 @@ int64_t row_pass_grid(int64_t rows, int64_t cols, bool columns, size_t* shared_b
 // static arrays); wider rows are refused.
 constexpr int64_t kRowPassMaxColumnBytes = 200 * 1024;
 
-template <class InT>
+template <class InT, bool kStochastic>
 int row_pass_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
-                           float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace) {
+                           float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace,
+                           const int64_t* rng_state) {
   (void)workspace;  // checked by row_pass_run, where its size is known
   if (rows < 0 || cols < 0 || cols % 16 != 0) return kInvalidProblem;
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
   if (row_amax == nullptr || row_data == nullptr || row_scale == nullptr) return kInvalidProblem;
+  if (kStochastic && rng_state == nullptr) return kInvalidProblem;
   if (col_amax != nullptr && RowPassLayout<InT>::column_bytes(cols) > kRowPassMaxColumnBytes) return kInvalidProblem;
   if (!aligned(x, 16) || (rows > 1 && (x_row_stride * static_cast<int64_t>(sizeof(InT))) % 16 != 0))
     return kMisaligned;
@@ -413,23 +431,24 @@ int row_pass_can_implement(const void* x, int64_t x_row_stride, int64_t rows, in
 }
 
 // Workspace: each CTA's column maxima (none without col_amax).
-template <class InT, bool kHardwareCvt>
+template <class InT, bool kStochastic, bool kHardwareCvt>
 size_t row_pass_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
-                               float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace) {
-  (void)x, (void)x_row_stride, (void)row_amax, (void)row_data, (void)row_scale, (void)workspace;
+                               float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace,
+                               const int64_t* rng_state) {
+  (void)x, (void)x_row_stride, (void)row_amax, (void)row_data, (void)row_scale, (void)workspace, (void)rng_state;
   if (col_amax == nullptr || rows <= 0 || cols <= 0) return 0;
   size_t shared_bytes = 0;
   const int64_t grid = with_row_pass_shape<InT>(cols, [&](auto warps, auto whole_row) {
-    return row_pass_grid<InT, kHardwareCvt, warps(), whole_row()>(rows, cols, true, &shared_bytes);
+    return row_pass_grid<InT, kHardwareCvt, kStochastic, warps(), whole_row()>(rows, cols, true, &shared_bytes);
   });
   return static_cast<size_t>(grid) * shared_bytes;
 }
 
-template <class InT, bool kHardwareCvt>
+template <class InT, bool kStochastic, bool kHardwareCvt>
 int row_pass_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax,
-                 uint8_t* row_data, uint8_t* row_scale, void* workspace, cudaStream_t stream) {
-  const int status =
-      row_pass_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace);
+                 uint8_t* row_data, uint8_t* row_scale, void* workspace, const int64_t* rng_state, cudaStream_t stream) {
+  const int status = row_pass_can_implement<InT, kStochastic>(x, x_row_stride, rows, cols, row_amax, col_amax,
+                                                              row_data, row_scale, workspace, rng_state);
   if (status != kOk) return status;
   if (rows == 0 || cols == 0) return kOk;
   const bool columns = col_amax != nullptr;
@@ -437,12 +456,12 @@ int row_pass_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
   size_t shared_bytes = 0;
   int64_t grid = 0;
   const int launched = with_row_pass_shape<InT>(cols, [&](auto warps, auto whole_row) {
-    grid = row_pass_grid<InT, kHardwareCvt, warps(), whole_row()>(rows, cols, columns, &shared_bytes);
+    grid = row_pass_grid<InT, kHardwareCvt, kStochastic, warps(), whole_row()>(rows, cols, columns, &shared_bytes);
     if (grid == 0) return launch_status();
     return launch_programmatic_dependent(
-        row_pass_kernel<InT, kHardwareCvt, warps(), whole_row()>, dim3(static_cast<unsigned>(grid)), dim3(32 * warps()),
-        shared_bytes, stream, static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
-        static_cast<uint4*>(workspace), row_data, row_scale);
+        row_pass_kernel<InT, kHardwareCvt, kStochastic, warps(), whole_row()>, dim3(static_cast<unsigned>(grid)),
+        dim3(32 * warps()), shared_bytes, stream, static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax,
+        col_amax, static_cast<uint4*>(workspace), row_data, row_scale, rng_state);
   });
   if (launched != kOk || !columns) return launched;
   const int slots = static_cast<int>(shared_bytes / sizeof(uint4));

@@ -215,8 +215,9 @@ __global__ void __launch_bounds__(32 * kRhtCtaWarps, 2)
 
 template <class InT>
 int row_pass_hadamard_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
-                                    float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace) {
-  (void)workspace;  // none
+                                    float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace,
+                                    const int64_t* rng_state) {
+  (void)workspace, (void)rng_state;  // no workspace; rounds to nearest
   if (rows < 0 || cols < 0 || cols % 16 != 0 || rows % kRhtPanelRows != 0) return kInvalidProblem;
   if (cols > kRhtMaxCols || rows / kRhtPanelRows * kRhtMaxCluster > 0x7FFFFFFF) return kInvalidProblem;  // gridDim.x
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
@@ -229,9 +230,10 @@ int row_pass_hadamard_can_implement(const void* x, int64_t x_row_stride, int64_t
 
 template <class InT, bool kHardwareCvt>
 int row_pass_hadamard_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
-                          float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace, cudaStream_t stream) {
+                          float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace,
+                          const int64_t* rng_state, cudaStream_t stream) {
   const int status = row_pass_hadamard_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data,
-                                                          row_scale, workspace);
+                                                          row_scale, workspace, rng_state);
   if (status != kOk) return status;
   if (cols > 0) {  // atomicMax accumulates into col_amax: it starts at +0 (also the amax of no rows)
     const cudaError_t err = cudaMemsetAsync(col_amax, 0, cols * sizeof(float), stream);

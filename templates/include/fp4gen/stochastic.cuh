@@ -39,23 +39,39 @@ __device__ __forceinline__ uint4 block_random_bits(uint64_t seed, uint64_t offse
 }
 
 // The E2M1 code of y rounded stochastically with random byte `byte`. NaN gives 0x7 (+6) and -0.0 gives 0,
-// as round-to-nearest does. Computed without the rule's division and final grid mapping, to the same codes:
-//  - step(t) may be replaced by step(a): t < a + step(a), so t crosses into the next binade only below
-//    2.5 (from a < 2) or 5 (from a < 4), where floor(t / step(a)) * step(a) and floor(t / step(t)) * step(t)
-//    are both 2, or both 4;
-//  - with n = floor(t / step(a)) (a multiplication: step(a) is a power of two), the code is n on [0, 2),
-//    n + 2 on [2, 4) and n + 4 above, at most 7; fminf makes a NaN n 7.
+// as round-to-nearest does. Computed without the rule's division, floor and grid mapping, to the same codes
+// (tests/cuda/stochastic_code_exhaustive.cu compares it with the rule for every float and every byte):
+//  - step: 2^(e - 1) from a = |y|'s exponent e, at least 0.5. That is the rule's step(a) below 8; above,
+//    t >= a >= 8 saturates to 6 whatever the step.
+//  - t = fma(u, step, a) as the rule's (u * step is exact, so the same rounding).
+//  - code from t's bits: d = t's exponent and first mantissa bit (bits >> 22). On [1, 8) the grid is a float
+//    with one mantissa bit, so floor(t / step(t)) * step(t) has code d - 252 (254 for 1.0 ... 259 for 6);
+//    below 1 the grid step is 0.5, so the code is 1 on [0.5, 1) (where d - 252 is 0 or 1) and 0 below;
+//    at most 7 (6), which also takes t >= 8, infinity and NaN (whose d is above 259).
 // (The rule's definition, with its division, is runtime/stochastic.py's; tests/gpu/test_quantize_options_gpu.py
 // compares the kernels' codes with it byte for byte.)
 __device__ __forceinline__ uint32_t e2m1_code_stochastic(float y, uint32_t byte) {
-  const float a = fabsf(y);
-  const bool two = a >= 2.0f, four = a >= 4.0f;
-  const float step = four ? 2.0f : (two ? 1.0f : 0.5f), inverse_step = four ? 0.5f : (two ? 1.0f : 2.0f);
-  const float base = four ? 4.0f : (two ? 2.0f : 0.0f);
+  const uint32_t a_bits = __float_as_uint(y) & 0x7FFFFFFFu;
+  const float step = __uint_as_float(max(a_bits & 0x7F800000u, 0x3F800000u) - 0x00800000u);
   const float u = __uint_as_float(0x3F800000u | (byte << 15)) - 1.0f;  // byte / 256, exactly
-  const float t = __fmaf_rn(u, step, a);  // fl(a + u * step): the product is exact
-  const float code = fminf(floorf(__fmul_rn(t, inverse_step)) + base, 7.0f);
+  const float t = __fmaf_rn(u, step, __uint_as_float(a_bits));
+  const int d = static_cast<int>(__float_as_uint(t) >> 22);
+  const int code = min(max(d - 252, t >= 0.5f ? 1 : 0), 7);
   return static_cast<uint32_t>(code) | (y < 0.0f ? 8u : 0u);
+}
+
+// The stochastically rounded codes of fl(v[k] * r), k < kCodes (at most 8), element k in nibble k, with
+// random bytes `bits` (element k takes byte k % 4 of word k / 4: bits.x, then bits.y).
+template <int kCodes>
+__device__ __forceinline__ uint32_t encode_codes_stochastic(const float (&v)[kCodes], float r, uint2 bits) {
+  static_assert(kCodes <= 8, "two words of random bytes: at most 8 codes");
+  uint32_t codes = 0u;
+#pragma unroll
+  for (int k = 0; k < kCodes; ++k) {
+    const uint32_t word = k < 4 ? bits.x : bits.y;
+    codes |= e2m1_code_stochastic(__fmul_rn(v[k], r), (word >> (8 * (k % 4))) & 0xFFu) << (4 * k);
+  }
+  return codes;
 }
 
 }  // namespace fp4gen
