@@ -1,7 +1,7 @@
-// e2m1_code_stochastic (stochastic.cuh), the kernels' stochastic E2M1 step, against the rule as defined (with
-// its division, floor and grid lookup) for every float y (both signs, every NaN, both infinities) and every
-// random byte. Needs a GPU; run by tests/gpu/test_reciprocal_gpu.py. Prints a "<what>: <n> mismatches" line;
-// exits nonzero on any.
+// encode_codes_stochastic (stochastic.cuh), the kernels' stochastic E2M1 step, against the rule as defined
+// (with its division, floor and grid lookup) for every float y (both signs, every NaN, both infinities) and
+// every random byte, in each of the eight element positions of a code word (r = 1, so fl(y * r) = y). Needs a
+// GPU; run by tests/gpu/test_reciprocal_gpu.py. Prints a "<what>: <n> mismatches" line; exits nonzero on any.
 #include <cstdio>
 #include <cstdint>
 
@@ -27,8 +27,11 @@ __global__ void compare_codes(unsigned long long* mismatches, unsigned long long
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t u = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; u <= 0xFFFFFFFFull; u += stride) {
     const float y = __uint_as_float(static_cast<uint32_t>(u));
+    const float v[8] = {y, y, y, y, y, y, y, y};
     for (uint32_t byte = 0; byte < 256; ++byte) {
-      if (fp4gen::e2m1_code_stochastic(y, byte) != rule_code(y, byte)) {
+      const uint32_t want = rule_code(y, byte), word = byte * 0x01010101u;
+      const uint32_t codes = fp4gen::encode_codes_stochastic(v, 1.0f, make_uint2(word, word));
+      if (codes != want * 0x11111111u) {
         atomicAdd(mismatches, 1ull);
         atomicMin(first_mismatch, (u << 8) | byte);
       }
@@ -47,7 +50,7 @@ int main() {
     std::printf("kernel failed: %s\n", cudaGetErrorString(cudaGetLastError()));
     return 2;
   }
-  std::printf("e2m1_code_stochastic vs the rule over every float and byte: %llu mismatches (first y 0x%08llx, "
+  std::printf("encode_codes_stochastic vs the rule over every float and byte: %llu mismatches (first y 0x%08llx, "
               "byte %llu)\n", *mismatches, *first >> 8, *first & 0xFF);
   return *mismatches == 0 ? 0 : 1;
 }

@@ -2,7 +2,7 @@
 the GPU (programs in tests/cuda/, built with nvcc for the device at hand): the branch-free reciprocal of the
 sm_90a quantize kernels' block scales (reciprocal_rn_in_range in nvfp4.cuh) against __frcp_rn, the
 division in 4over6's error (divide_by_four_over_six_numerator in four_over_six.cuh) against __fdiv_rn, and the
-stochastic E2M1 step (e2m1_code_stochastic in stochastic.cuh) against the rule with its division, for every
+stochastic E2M1 step (encode_codes_stochastic in stochastic.cuh) against the rule with its division, for every
 random byte too."""
 import subprocess
 

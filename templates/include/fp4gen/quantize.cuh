@@ -554,6 +554,10 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
       [[maybe_unused]] const uint64_t row_block0 = static_cast<uint64_t>(m0 + 16 * group) * row_blocks + k0 / 16 + block;
       [[maybe_unused]] const uint64_t col_block0 = static_cast<uint64_t>(k0 + kc * kVec) * col_blocks + m0 / 16 + group;
       uint8_t* row_dst = &row_code_stage[warp][16 * group][tk % kCodeStageTiles * (kQuantTileCols / 2) + kc * kVec / 2];
+      // The columnwise-only kernels (halves unrolled) draw each column's words once and keep the second half's;
+      // the both-copies kernel, short of registers (it spills), draws them again in the second half.
+      constexpr bool kKeepColumnWords = !kRowwise;
+      [[maybe_unused]] uint2 second_half_words[kKeepColumnWords ? kVec : 1];
 #pragma unroll(kRowwise ? 1 : 2)
       for (int half = 0; half < 2; ++half, row_dst += 8 * kCodeStageBytes) {
         auto element = [&](int i, int c) { return Element<V>::word_element_to_float(&patch[i].x, c); };
@@ -581,8 +585,18 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
           const int offset = warp * (L::kTileRows / 2) + group * 8 + half * 4;  // as in encode_patch
 #pragma unroll
           for (int c = 0; c < kVec; ++c) {
-            const uint4 b = block_random_bits(seed, col_draw, col_block0 + c * col_blocks);
-            const uint2 words = half ? make_uint2(b.z, b.w) : make_uint2(b.x, b.y);  // the half's 8 rows
+            uint2 words;  // the half's 8 rows' random bytes
+            if constexpr (kKeepColumnWords) {  // one draw a column: the second half's words kept from the first
+              if (half == 0) {
+                const uint4 b = block_random_bits(seed, col_draw, col_block0 + c * col_blocks);
+                words = make_uint2(b.x, b.y), second_half_words[c] = make_uint2(b.z, b.w);
+              } else {
+                words = second_half_words[c];
+              }
+            } else {
+              const uint4 b = block_random_bits(seed, col_draw, col_block0 + c * col_blocks);
+              words = half ? make_uint2(b.z, b.w) : make_uint2(b.x, b.y);
+            }
             float v[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) v[i] = element(i, c);

@@ -7,7 +7,7 @@
 //
 // Rule (TransformerEngine's software fallback): a = |y|, step(v) = 2 if v >= 4, 1 if v >= 2, else 0.5,
 // t = fl(a + u * step(a)) with u = byte / 256, q = min(floor(t / step(t)) * step(t), 6); the code is q's,
-// its sign bit set iff y < 0 (e2m1_code_stochastic computes it in fewer steps). The sm_100a instruction
+// its sign bit set iff y < 0 (encode_codes_stochastic computes it in fewer steps). The sm_100a instruction
 // cvt.rs.satfinite.e2m1x4.f32 is not used: how it maps its random bits to elements and rounds is not
 // documented, and no Blackwell GPU was available to pin it down, so every arch takes this rule and gives
 // these bytes.
@@ -16,6 +16,8 @@
 #include <cstdint>
 
 #include <cuda_runtime.h>
+
+#include "fp4gen/nvfp4.cuh"
 
 namespace fp4gen {
 
@@ -38,40 +40,45 @@ __device__ __forceinline__ uint4 block_random_bits(uint64_t seed, uint64_t offse
                        static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-// The E2M1 code of y rounded stochastically with random byte `byte`. NaN gives 0x7 (+6) and -0.0 gives 0,
-// as round-to-nearest does. Computed without the rule's division, floor and grid mapping, to the same codes
-// (tests/cuda/stochastic_code_exhaustive.cu compares it with the rule for every float and every byte):
+// The magnitude bits (0-7) of y's E2M1 code rounded stochastically with byte k of `word` (k is a constant
+// wherever this is inlined in an unrolled loop, and the byte permute's selector with it). NaN
+// gives 7 (+6), as round-to-nearest does. Computed without the rule's division, floor and grid lookup, to the
+// same codes (tests/cuda/stochastic_code_exhaustive.cu compares encode_codes_stochastic with the rule for every
+// float and every byte):
 //  - step: 2^(e - 1) from a = |y|'s exponent e, at least 0.5. That is the rule's step(a) below 8; above,
 //    t >= a >= 8 saturates to 6 whatever the step.
-//  - t = fma(u, step, a) as the rule's (u * step is exact, so the same rounding).
+//  - t = fma(u, step, a) as the rule's (u * step is exact, so the same rounding), with u * step taken as
+//    (byte * 2^-15) * (step * 2^7): one byte permute puts the byte into the mantissa of 1 + byte * 2^-15,
+//    and subtracting 1 leaves byte * 2^-15 exactly. (From 2^123 on the scaled step wraps into a negative
+//    tiny value, which leaves t = a >= 8: saturated either way.)
 //  - code from t's bits: d = t's exponent and first mantissa bit (bits >> 22). On [1, 8) the grid is a float
 //    with one mantissa bit, so floor(t / step(t)) * step(t) has code d - 252 (254 for 1.0 ... 259 for 6);
 //    below 1 the grid step is 0.5, so the code is 1 on [0.5, 1) (where d - 252 is 0 or 1) and 0 below;
 //    at most 7 (6), which also takes t >= 8, infinity and NaN (whose d is above 259).
-// (The rule's definition, with its division, is runtime/stochastic.py's; tests/gpu/test_quantize_options_gpu.py
-// compares the kernels' codes with it byte for byte.)
-__device__ __forceinline__ uint32_t e2m1_code_stochastic(float y, uint32_t byte) {
-  const uint32_t a_bits = __float_as_uint(y) & 0x7FFFFFFFu;
-  const float step = __uint_as_float(max(a_bits & 0x7F800000u, 0x3F800000u) - 0x00800000u);
-  const float u = __uint_as_float(0x3F800000u | (byte << 15)) - 1.0f;  // byte / 256, exactly
-  const float t = __fmaf_rn(u, step, __uint_as_float(a_bits));
+__device__ __forceinline__ uint32_t e2m1_magnitude_stochastic(float y, uint32_t word, int k) {
+  // bytes of 0x3F800000 | byte << 8: 0x00 (the constant's byte 0), the byte, 0x80, 0x3F
+  const float scaled_byte = __uint_as_float(__byte_perm(word, 0x3F800000u, 0x7604 | (k << 4))) - 1.0f;
+  const float scaled_step = __uint_as_float(max(__float_as_uint(y) & 0x7F800000u, 0x3F800000u) + 0x03000000u);
+  const float t = __fmaf_rn(scaled_byte, scaled_step, fabsf(y));
   const int d = static_cast<int>(__float_as_uint(t) >> 22);
-  const int code = min(max(d - 252, t >= 0.5f ? 1 : 0), 7);
-  return static_cast<uint32_t>(code) | (y < 0.0f ? 8u : 0u);
+  return static_cast<uint32_t>(min(max(d - 252, t >= 0.5f ? 1 : 0), 7));
 }
 
 // The stochastically rounded codes of fl(v[k] * r), k < kCodes (at most 8), element k in nibble k, with
-// random bytes `bits` (element k takes byte k % 4 of word k / 4: bits.x, then bits.y).
+// random bytes `bits` (element k takes byte k % 4 of word k / 4: bits.x, then bits.y). The sign bit is y's:
+// y is fl(v * r) + 0, which makes -0.0 (a zero, or a negative product that underflows) +0.0, whose code is 0
+// as the rule's y < 0 test gives.
 template <int kCodes>
 __device__ __forceinline__ uint32_t encode_codes_stochastic(const float (&v)[kCodes], float r, uint2 bits) {
   static_assert(kCodes <= 8, "two words of random bytes: at most 8 codes");
-  uint32_t codes = 0u;
+  uint32_t codes = 0u, signs = 0u;
 #pragma unroll
-  for (int k = 0; k < kCodes; ++k) {
-    const uint32_t word = k < 4 ? bits.x : bits.y;
-    codes |= e2m1_code_stochastic(__fmul_rn(v[k], r), (word >> (8 * (k % 4))) & 0xFFu) << (4 * k);
+  for (int k = kCodes - 1; k >= 0; --k) {  // from the top element, whose sign nibble is pushed first
+    const float y = __fadd_rn(__fmul_rn(v[k], r), 0.0f);
+    codes = (codes << 4) | e2m1_magnitude_stochastic(y, k < 4 ? bits.x : bits.y, k % 4);
+    signs = push_sign_nibble(signs, y);
   }
-  return codes;
+  return codes | (signs & (kSignNibbleBits >> (32 - 4 * kCodes)));
 }
 
 }  // namespace fp4gen
