@@ -37,6 +37,8 @@ class Family:
     excluded: tuple = ()
     # axis -> the value a spec that leaves the axis out gets (an axis added later, so older specs still load)
     defaults: tuple = ()  # ((axis, value), ...)
+    # values -> the constraints of that variant beyond `constraints`, e.g. a width limit of one variant
+    variant_constraints: object = None
 
 
 def _tokens(table: dict, fmt: str = "{}") -> dict:
@@ -104,6 +106,16 @@ _RNG_STATE_PARAM = Param("rng_state", "const int64_t*")
 
 def _stochastic_needs_16bit_1x16(values, facts):
     return facts["stochastic"] and (values["in_dtype"] == "fp32" or values.get("block", "1x16") != "1x16")
+
+
+# The widest row the row pass with the transform takes: a cluster of at most 8 CTAs of 2048 columns holds a
+# 16-row panel (kRhtMaxCols in row_pass_hadamard.cuh, whose can_implement refuses wider rows;
+# tests/test_runtime_cpu.py checks the two agree). The manifest carries it as the variants' cols_at_most.
+ROW_PASS_HADAMARD_MAX_COLS = 16384
+
+
+def _row_pass_constraints(values: dict) -> dict:
+    return {"cols_at_most": ROW_PASS_HADAMARD_MAX_COLS} if values["hadamard"] == "rht16" else {}
 
 
 _STOCHASTIC_EXCLUSION = (
@@ -212,8 +224,9 @@ FAMILIES = {
             _RNG_STATE_PARAM,
         ),
         # the column maxima live in shared memory: can_implement refuses rows of more than 200 KB with col_amax;
-        # rht16 takes whole 16-row panels and rows of up to 16384 elements (a cluster of 8 CTAs holds a panel)
+        # rht16 takes whole 16-row panels and rows of up to cols_at_most elements (a cluster of CTAs holds a panel)
         constraints={"cols_multiple_of": 16},
+        variant_constraints=_row_pass_constraints,
         alignment={"x": 16},
         excluded=((lambda values, facts: facts["hadamard"] and values["in_dtype"] == "fp32",
                    "rht16 with fp32 input: the kernel's lanes hold 8 16-bit columns (fp32 rows with the transform "

@@ -92,7 +92,8 @@ def _manifest_entry(name: str, variant, source: str, headers_sha256: str) -> dic
         "headers_sha256": headers_sha256,
         "symbols": {fn: f"{name}_{fn}" for fn in ("can_implement", "workspace_size", "run")},
         "params": [[p.name, p.ctype, p.kind] for p in family.params],
-        "constraints": family.constraints,
+        "constraints": {**family.constraints,
+                        **(family.variant_constraints(values) if family.variant_constraints else {})},
         "alignment": family.alignment,
     }
 

@@ -120,6 +120,17 @@ def test_render_is_deterministic_and_names_its_spec():
         assert entry["symbols"]["run"] == f"{name}_run" and entry["source"] == f"generated/{name}.cu"
 
 
+def test_a_variant_may_carry_constraints_of_its_own():
+    # the row pass with the transform takes rows only as wide as its cluster holds; the other row passes, and
+    # the rest of the quantize-side kernels, have no width limit
+    kernels = json.loads(render_all(ROOT)["manifest.json"])["kernels"]
+    for name, entry in kernels.items():
+        limited = entry["family"] == "row_pass" and entry["values"]["hadamard"] == "rht16"
+        assert ("cols_at_most" in entry["constraints"]) == limited, name
+        assert "cols_multiple_of" in entry["constraints"], name  # the family's own, kept
+    assert any(entry["constraints"].get("cols_at_most") == 16384 for entry in kernels.values())
+
+
 def test_committed_generated_dir_is_in_sync():
     assert check_generated(ROOT / "generated", render_all(ROOT)) == []
 

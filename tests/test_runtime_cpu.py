@@ -201,9 +201,10 @@ def test_built_hadamard_row_pass_library_checks_problems(name):
     assert kernel.can_implement(*ok[:6], 0x3004, *ok[7:]) == 2  # codes not 8-byte aligned
     assert kernel.can_implement(*ok[:3], 24, *ok[4:]) == 1  # cols not a multiple of 16
     assert kernel.can_implement(*ok[:5], None, *ok[6:]) == 1  # the column amax is what the pass is for
-    # a cluster of at most 8 CTAs of 2048 columns holds a panel
-    assert kernel.can_implement(ok[0], 16384, ok[2], 16384, *ok[4:]) == 0
-    assert kernel.can_implement(ok[0], 16400, ok[2], 16400, *ok[4:]) == 1
+    # a cluster of CTAs holds a panel: the kernel takes rows up to the manifest's cols_at_most and no wider
+    widest = MANIFEST["kernels"][name]["constraints"]["cols_at_most"]
+    assert kernel.can_implement(ok[0], widest, ok[2], widest, *ok[4:]) == 0
+    assert kernel.can_implement(ok[0], widest + 16, ok[2], widest + 16, *ok[4:]) == 1
 
 
 def test_gemm_tile_choice_follows_m():

@@ -28,6 +28,7 @@ class Kernel:
         self.family = entry["family"]
         self.facts = entry.get("facts", {})
         self.alignment = entry.get("alignment", {})
+        self.constraints = entry.get("constraints", {})
         path = lib_dir() / f"{self.name}.so"
         if not path.exists():
             raise BuildError(f"kernel {self.name} is declared in the kernel manifest but not built "

@@ -207,14 +207,6 @@ def _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_
     return row, col
 
 
-# The Hadamard transform (1x16 blocks, round to nearest or stochastic) takes the plain kernels' structure: the
-# columnwise-only quantize kernel transforms each tile in place (spec quantize_hadamard.yaml). Before it,
-# row scaling with a rowwise copy, rounded to nearest, takes the row pass with the transform (16-bit rows of up
-# to this many elements: a cluster of 8 CTAs holds a 16-row panel), which also makes the rowwise copy; anything
-# else takes the amax_hadamard pass and, for a rowwise copy, the plain rowwise-only kernel.
-ROW_PASS_HADAMARD_MAX_COLS = 16384
-
-
 def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
                           options: QuantizeOptions):
     """The options the plain kernels do not take (plain_kernels_take): an amax pass (amax_hadamard with the
@@ -259,15 +251,22 @@ def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: 
 
 
 def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: QuantizeOptions):
-    """The columnwise copy with the Hadamard transform (and the plain rowwise copy, if asked for), 1x16 blocks,
-    rounded as options say: see ROW_PASS_HADAMARD_MAX_COLS."""
+    """The columnwise copy with the Hadamard transform (and the rowwise copy, if asked for), 1x16 blocks, rounded
+    as options say, in the plain kernels' structure: the columnwise-only quantize kernel transforms each tile in
+    place. Before it, row scaling with a rowwise copy of 16-bit rows, rounded to nearest, takes the row pass with
+    the transform where the rows fit its cluster (its manifest entry's cols_at_most), which also makes the rowwise
+    copy; anything else takes the amax_hadamard pass and, for a rowwise copy, the rowwise-only kernel."""
     rows, cols = x.shape
     device, row_scaled = x.device, scaling == "row"
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}
     in_dtype = {"in_dtype": x.dtype}
-    row_pass = (row_scaled and rowwise and x.element_size() == 2 and cols <= ROW_PASS_HADAMARD_MAX_COLS
-                and options.rounding == "nearest"
-                and ROW_PASS_MAX_ROW_BYTES > 0)  # (row_pass_limits(0) turns it off, as for the plain path)
+    row_pass_kernel = None
+    if (row_scaled and rowwise and x.element_size() == 2 and options.rounding == "nearest"
+            and ROW_PASS_MAX_ROW_BYTES > 0):  # (row_pass_limits(0) turns it off, as for the plain path)
+        row_pass_kernel = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers, {
+            "hadamard": "rht16", "rounding": "nearest"}))
+        if cols > row_pass_kernel.constraints["cols_at_most"]:
+            row_pass_kernel = None
     rng_state = _rng_state(options)
 
     def quantize_kernel(direction, hadamard):
@@ -287,10 +286,9 @@ def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: Qu
         _zero(row_amax, col_amax)
         return _operands(rowwise, True, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
     stride = x.stride(0) if rows > 1 else cols
-    if row_pass:
-        first = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers, {"hadamard": "rht16"}))
-        _launch(first, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), _ptr(row_data),
-                _ptr(row_scale), None, None)
+    if row_pass_kernel is not None:
+        _launch(row_pass_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax),
+                _ptr(row_data), _ptr(row_scale), None, None)
     else:
         amax_kernel = _kernel_for(_problem("amax_hadamard", device, in_dtype, cols, pointers))
         _launch_amax_hadamard(amax_kernel, x, stride, row_scaled, row_amax, col_amax)
