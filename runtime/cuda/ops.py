@@ -151,13 +151,17 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
                                             {"hadamard": "none", **rounding}))
     else:
         first_kernel = _kernel_for(_problem("amax", device, in_dtype, cols, pointers))
-    quantize_direction = "columnwise" if row_pass else ("both" if rowwise and columnwise else
-                                                         ("rowwise" if rowwise else "columnwise"))
-    quantize_kernel = None
-    if columnwise or not row_pass:
-        quantize_kernel = _kernel_for(_problem("quantize", device, in_dtype, cols, pointers, {
-            "direction": quantize_direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}",
-            "hadamard": "none", **rounding}))
+    if row_pass:
+        directions = ["columnwise"] if columnwise else []
+    elif rowwise and columnwise:
+        # with stochastic rounding, the rowwise-only and the columnwise-only kernel (each tile read twice): faster
+        # than the both-copies kernel, which spills and is bound by instruction issue (bench/RESULTS.md, 2026-12-01)
+        directions = ["rowwise", "columnwise"] if options.rounding == "stochastic" else ["both"]
+    else:
+        directions = ["rowwise" if rowwise else "columnwise"]
+    quantize_kernels = [(direction, _kernel_for(_problem("quantize", device, in_dtype, cols, pointers, {
+        "direction": direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}", "hadamard": "none",
+        **rounding}))) for direction in directions]
     rng_state = _rng_state(options)
 
     if row_scaled:  # per-row amax for the rowwise copy, per-column amax for the columnwise copy
@@ -171,10 +175,10 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     if rows == 0 or cols == 0:  # nothing to read; an empty extent has amax 0 (as in the reference)
         _zero(row_amax, col_amax, tensor_amax)
     elif row_pass:
-        _launch_row_pass(first_kernel, quantize_kernel, x, row_amax, col_amax, row_data, row_scale, col_data,
-                         col_scale, rng_state)
+        _launch_row_pass(first_kernel, quantize_kernels[0][1] if quantize_kernels else None, x, row_amax, col_amax,
+                         row_data, row_scale, col_data, col_scale, rng_state)
     else:
-        _launch_quantize(first_kernel, quantize_kernel, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
+        _launch_quantize(first_kernel, quantize_kernels, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
                          col_data, col_scale, rng_state)
     return _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
 
@@ -339,8 +343,9 @@ def _launch_row_pass(row_pass_kernel, columnwise_kernel, x, row_amax, col_amax, 
                 col_data.data_ptr(), col_scale.data_ptr(), _ptr(rng_state))
 
 
-def _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
+def _launch_quantize(amax_kernel, quantize_kernels, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
                      col_data, col_scale, rng_state):
+    """The amax pass, then each (direction, kernel) of quantize_kernels with the outputs of its direction."""
     rows, cols = x.shape
     device = x.device
     stride = x.stride(0) if rows > 1 else cols
@@ -348,8 +353,11 @@ def _launch_quantize(amax_kernel, quantize_kernel, x, row_amax, col_amax, tensor
         _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), None)
     else:
         _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, None, None, _ptr(tensor_amax))
-    _launch(quantize_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), _ptr(row_data),
-            _ptr(row_scale), _ptr(col_data), _ptr(col_scale), _ptr(rng_state))
+    for direction, kernel in quantize_kernels:
+        row = (row_amax, row_data, row_scale) if direction != "columnwise" else (None, None, None)
+        col = (col_amax, col_data, col_scale) if direction != "rowwise" else (None, None, None)
+        _launch(kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row[0]), _ptr(col[0]), _ptr(row[1]),
+                _ptr(row[2]), _ptr(col[1]), _ptr(col[2]), _ptr(rng_state))
 
 
 def gemm_alpha(a: NVFP4Data, b: NVFP4Data) -> float:
