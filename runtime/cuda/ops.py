@@ -154,8 +154,8 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     if row_pass:
         directions = ["columnwise"] if columnwise else []
     elif rowwise and columnwise:
-        # with stochastic rounding, the rowwise-only and the columnwise-only kernel (each tile read twice): faster
-        # than the both-copies kernel, which spills and is bound by instruction issue (bench/RESULTS.md, 2026-12-01)
+        # with stochastic rounding, the rowwise-only and the columnwise-only kernel (each tile read twice), which
+        # measured faster than a both-copies kernel (spec quantize_stochastic.yaml declares none)
         directions = ["rowwise", "columnwise"] if options.rounding == "stochastic" else ["both"]
     else:
         directions = ["rowwise" if rowwise else "columnwise"]
