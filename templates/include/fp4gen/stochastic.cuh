@@ -40,44 +40,61 @@ __device__ __forceinline__ uint4 block_random_bits(uint64_t seed, uint64_t offse
                        static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-// The magnitude bits (0-7) of y's E2M1 code rounded stochastically with byte k of `word` (k is a constant
-// wherever this is inlined in an unrolled loop, and the byte permute's selector with it). NaN
-// gives 7 (+6), as round-to-nearest does. Computed without the rule's division, floor and grid lookup, to the
-// same codes (tests/cuda/stochastic_code_exhaustive.cu compares encode_codes_stochastic with the rule for every
-// float and every byte):
+// The stochastic step, as its code's magnitude bits (0-7) for y with byte k of `word` (k is a constant wherever
+// this is inlined in an unrolled loop, and the byte permute's selector with it): NaN gives 7 (+6), as
+// round-to-nearest does. Computed without the rule's division, floor and grid lookup, to the same codes
+// (tests/cuda/stochastic_code_exhaustive.cu compares encode_codes_stochastic with the rule for every float and
+// every byte):
 //  - step: 2^(e - 1) from a = |y|'s exponent e, at least 0.5. That is the rule's step(a) below 8; above,
 //    t >= a >= 8 saturates to 6 whatever the step.
 //  - t = fma(u, step, a) as the rule's (u * step is exact, so the same rounding), with u * step taken as
 //    (byte * 2^-15) * (step * 2^7): one byte permute puts the byte into the mantissa of 1 + byte * 2^-15,
 //    and subtracting 1 leaves byte * 2^-15 exactly. (From 2^123 on the scaled step wraps into a negative
 //    tiny value, which leaves t = a >= 8: saturated either way.)
-//  - code from t's bits: d = t's exponent and first mantissa bit (bits >> 22). On [1, 8) the grid is a float
-//    with one mantissa bit, so floor(t / step(t)) * step(t) has code d - 252 (254 for 1.0 ... 259 for 6);
-//    below 1 the grid step is 0.5, so the code is 1 on [0.5, 1) (where d - 252 is 0 or 1) and 0 below;
-//    at most 7 (6), which also takes t >= 8, infinity and NaN (whose d is above 259).
-__device__ __forceinline__ uint32_t e2m1_magnitude_stochastic(float y, uint32_t word, int k) {
+//  - the code from t's bits (e2m1_magnitude_pair): d = t's exponent and first mantissa bit (bits >> 22). On
+//    [1, 8) the grid is a float with one mantissa bit, so floor(t / step(t)) * step(t) has code d - 252 (254
+//    for 1.0 ... 259 for 6); below 1 the grid step is 0.5, so the code is 1 on [0.5, 1) (d 252 and 253) and
+//    0 below; at most 7 (6), which also takes t >= 8, infinity and NaN (whose d is above 259).
+__device__ __forceinline__ uint32_t stochastic_sum_bits(float y, uint32_t word, int k) {
   // bytes of 0x3F800000 | byte << 8: 0x00 (the constant's byte 0), the byte, 0x80, 0x3F
   const float scaled_byte = __uint_as_float(__byte_perm(word, 0x3F800000u, 0x7604 | (k << 4))) - 1.0f;
   const float scaled_step = __uint_as_float(max(__float_as_uint(y) & 0x7F800000u, 0x3F800000u) + 0x03000000u);
-  const float t = __fmaf_rn(scaled_byte, scaled_step, fabsf(y));
-  const int d = static_cast<int>(__float_as_uint(t) >> 22);
-  return static_cast<uint32_t>(min(max(d - 252, t >= 0.5f ? 1 : 0), 7));
+  return __float_as_uint(__fmaf_rn(scaled_byte, scaled_step, fabsf(y)));
 }
 
-// The stochastically rounded codes of fl(v[k] * r), k < kCodes (at most 8), element k in nibble k, with
-// random bytes `bits` (element k takes byte k % 4 of word k / 4: bits.x, then bits.y). The sign bit is y's:
-// y is fl(v * r) + 0, which makes -0.0 (a zero, or a negative product that underflows) +0.0, whose code is 0
-// as the rule's y < 0 test gives.
+// Two codes' magnitude bits at once from their t bits, in 16-bit lanes (t0's low): with d as above,
+// code = min(max(d - 252, min(d - 251, 1), 0), 7), which is d - 252 on [254, 259], 1 for d 252 and 253, 0 below
+// and 7 above (d is at most 511 and t >= 0, so the lanes never overflow).
+__device__ __forceinline__ uint32_t e2m1_magnitude_pair(uint32_t t0, uint32_t t1) {
+  const uint32_t d = (__byte_perm(t0, t1, 0x7632) >> 6) & 0x03FF03FFu;  // t's top halves, shifted
+  const uint32_t from_half = __viaddmin_s16x2(d, 0xFF05FF05u, 0x00010001u);  // min(d - 251, 1)
+  // max(d - 252, from_half, 0), then min(.., 7) (its own max with 0 changes nothing)
+  return __vimin_s16x2_relu(__viaddmax_s16x2_relu(d, 0xFF04FF04u, from_half), 0x00070007u);
+}
+
+// The stochastically rounded codes of fl(v[k] * r), k < kCodes (4 or 8), element k in nibble k, with random
+// bytes `bits` (element k takes byte k % 4 of word k / 4: bits.x, then bits.y). The sign bit is y's: y is
+// fl(v * r) + 0, which makes -0.0 (a zero, or a negative product that underflows) +0.0, whose code is 0 as the
+// rule's y < 0 test gives. The magnitudes come two at a time from e2m1_magnitude_pair and are packed with byte
+// permutes: [c0, c1, c2, c3] as bytes, each byte ORed with the next one's nibble, then bytes 0 and 2 kept.
 template <int kCodes>
 __device__ __forceinline__ uint32_t encode_codes_stochastic(const float (&v)[kCodes], float r, uint2 bits) {
-  static_assert(kCodes <= 8, "two words of random bytes: at most 8 codes");
-  uint32_t codes = 0u, signs = 0u;
+  static_assert(kCodes == 4 || kCodes == 8, "whole words of random bytes: 4 or 8 codes");
+  uint32_t t[kCodes], signs = 0u;
 #pragma unroll
   for (int k = kCodes - 1; k >= 0; --k) {  // from the top element, whose sign nibble is pushed first
     const float y = __fadd_rn(__fmul_rn(v[k], r), 0.0f);
-    codes = (codes << 4) | e2m1_magnitude_stochastic(y, k < 4 ? bits.x : bits.y, k % 4);
+    t[k] = stochastic_sum_bits(y, k < 4 ? bits.x : bits.y, k % 4);
     signs = push_sign_nibble(signs, y);
   }
+  uint32_t packed[kCodes / 4];  // two codes a byte: bytes 0 and 2 of each word
+#pragma unroll
+  for (int w = 0; w < kCodes / 4; ++w) {
+    const uint32_t bytes = __byte_perm(e2m1_magnitude_pair(t[4 * w], t[4 * w + 1]),
+                                       e2m1_magnitude_pair(t[4 * w + 2], t[4 * w + 3]), 0x6420);
+    packed[w] = (bytes | (bytes >> 4)) & 0x00FF00FFu;
+  }
+  const uint32_t codes = __byte_perm(packed[0], kCodes == 8 ? packed[kCodes / 4 - 1] : 0u, 0x6420);
   return codes | (signs & (kSignNibbleBits >> (32 - 4 * kCodes)));
 }
 
