@@ -12,7 +12,7 @@ from ..options import DEFAULT_OPTIONS, QuantizeOptions
 from ..swizzle import swizzle_scales
 from .library import load_kernel
 from .manifest import load_manifest
-from .select import Problem, select, split_k
+from .select import Problem, declared, select, split_k
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -115,14 +115,21 @@ def uses_row_pass(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, co
             and x.shape[1] * x.element_size() <= limit)
 
 
+def _declares(op: str, x: torch.Tensor, values: dict) -> bool:
+    """Whether the manifest declares a kernel of `op` for x's dtype and device with these spec values."""
+    return bool(declared(_problem(op, x.device, {"in_dtype": x.dtype}, values=values), load_manifest()))
+
+
 def plain_kernels_take(x: torch.Tensor, block: tuple, columnwise: bool, options: QuantizeOptions) -> bool:
     """Whether the plain kernels' variants (quantize, row_pass) serve these options: 1x16 blocks (or no option),
-    no 4over6, the Hadamard transform only with a columnwise copy, stochastic rounding only for 16-bit inputs
-    (see the quantize family's exclusions). The rest takes the quantize_options kernels."""
+    no 4over6, the Hadamard transform only with a columnwise copy, and stochastic rounding where the manifest
+    declares a stochastic quantize kernel for x's dtype (the specs declare 16-bit ones). The rest takes the
+    quantize_options kernels."""
     if options == DEFAULT_OPTIONS:
         return True
     return (options.four_over_six is None and tuple(block) == (1, 16) and (columnwise or not options.hadamard)
-            and (options.rounding == "nearest" or x.element_size() == 2))
+            and (options.rounding == "nearest"
+                 or _declares("quantize", x, {"rounding": "stochastic", "block": "1x16"})))
 
 
 def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
@@ -257,18 +264,19 @@ def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: 
 def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: QuantizeOptions):
     """The columnwise copy with the Hadamard transform (and the rowwise copy, if asked for), 1x16 blocks, rounded
     as options say, in the plain kernels' structure: the columnwise-only quantize kernel transforms each tile in
-    place. Before it, row scaling with a rowwise copy of 16-bit rows, rounded to nearest, takes the row pass with
-    the transform where the rows fit its cluster (its manifest entry's cols_at_most), which also makes the rowwise
-    copy; anything else takes the amax_hadamard pass and, for a rowwise copy, the rowwise-only kernel."""
+    place. Before it, row scaling with a rowwise copy takes the row pass with the transform where the manifest
+    declares one for x's dtype and rounding (16-bit, to nearest) and the rows fit its cluster (its cols_at_most),
+    which also makes the rowwise copy; anything else takes the amax_hadamard pass and, for a rowwise copy, the
+    rowwise-only kernel."""
     rows, cols = x.shape
     device, row_scaled = x.device, scaling == "row"
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}
     in_dtype = {"in_dtype": x.dtype}
     row_pass_kernel = None
-    if (row_scaled and rowwise and x.element_size() == 2 and options.rounding == "nearest"
-            and ROW_PASS_MAX_ROW_BYTES > 0):  # (row_pass_limits(0) turns it off, as for the plain path)
-        row_pass_kernel = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers, {
-            "hadamard": "rht16", "rounding": "nearest"}))
+    row_pass_values = {"hadamard": "rht16", "rounding": options.rounding}
+    # (row_pass_limits(0) turns it off, as for the plain path)
+    if row_scaled and rowwise and ROW_PASS_MAX_ROW_BYTES > 0 and _declares("row_pass", x, row_pass_values):
+        row_pass_kernel = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers, row_pass_values))
         if cols > row_pass_kernel.constraints["cols_at_most"]:
             row_pass_kernel = None
     rng_state = _rng_state(options)

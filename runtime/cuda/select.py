@@ -55,17 +55,22 @@ def _rank(kernel: dict, problem: Problem) -> tuple:
     return (1, 0 if fits else 1, -tile_m if fits else tile_m, -facts.get("tile_n", 0), kernel["name"])
 
 
+def declared(problem: Problem, manifest: dict) -> list:
+    """The manifest's kernels of the problem's operation, arch, dtypes and spec values (rules not checked)."""
+    return [k for name, k in sorted(manifest["kernels"].items())
+            if k["op"] == problem.op and tuple(k["compute_capability"]) == tuple(problem.compute_capability)
+            and all(k["torch_dtypes"].get(axis) == v for axis, v in problem.dtypes.items())
+            and all(k["values"].get(axis) == v for axis, v in problem.values.items())]
+
+
 def select(problem: Problem, manifest: dict) -> str:
-    """Filter the manifest by operation, arch, dtypes and spec values, then by each kernel's rules, and
-    take the best by _rank.
+    """Filter the manifest by operation, arch, dtypes and spec values (declared), then by each kernel's rules,
+    and take the best by _rank.
 
     A problem no declared kernel covers is a BuildError (declare it in a spec); a declared kernel whose
     rules the problem breaks is a ValueError naming the rule.
     """
-    candidates = [k for name, k in sorted(manifest["kernels"].items())
-                  if k["op"] == problem.op and tuple(k["compute_capability"]) == tuple(problem.compute_capability)
-                  and all(k["torch_dtypes"].get(axis) == v for axis, v in problem.dtypes.items())
-                  and all(k["values"].get(axis) == v for axis, v in problem.values.items())]
+    candidates = declared(problem, manifest)
     if not candidates:
         raise BuildError(f"no kernel in the kernel manifest implements {problem.describe()}: declare it in a spec "
                          f"under codegen/specs/ and run {build_command()} (backend='reference' runs anywhere)")

@@ -550,63 +550,59 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     // halves the other needs; a columnwise block is its lane's, encoded a column at a time (the half's two words
     // of one draw), which keeps one column's words live instead of every column's (ptxas spilled with them all).
     auto encode_patch_stochastic = [&]() {
-      const uint64_t row_blocks = static_cast<uint64_t>(cols / 16), col_blocks = static_cast<uint64_t>(rows / 16);
-      [[maybe_unused]] const uint64_t row_block0 = static_cast<uint64_t>(m0 + 16 * group) * row_blocks + k0 / 16 + block;
-      [[maybe_unused]] const uint64_t col_block0 = static_cast<uint64_t>(k0 + kc * kVec) * col_blocks + m0 / 16 + group;
-      uint8_t* row_dst = &row_code_stage[warp][16 * group][tk % kCodeStageTiles * (kQuantTileCols / 2) + kc * kVec / 2];
-      // The columnwise-only kernels (halves unrolled) draw each column's words once and keep the second half's;
-      // the both-copies kernel, short of registers (it spills), draws them again in the second half.
-      constexpr bool kKeepColumnWords = !kRowwise;
-      [[maybe_unused]] uint2 second_half_words[kKeepColumnWords ? kVec : 1];
+      if constexpr (kStochastic) {  // (compiled only into the stochastic kernels, whose lanes hold 8 elements)
+        const uint64_t row_blocks = static_cast<uint64_t>(cols / 16), col_blocks = static_cast<uint64_t>(rows / 16);
+        [[maybe_unused]] const uint64_t row_block0 = static_cast<uint64_t>(m0 + 16 * group) * row_blocks + k0 / 16 + block;
+        [[maybe_unused]] const uint64_t col_block0 = static_cast<uint64_t>(k0 + kc * kVec) * col_blocks + m0 / 16 + group;
+        uint8_t* row_dst = &row_code_stage[warp][16 * group][tk % kCodeStageTiles * (kQuantTileCols / 2) + kc * kVec / 2];
+        // each column's words drawn once a tile; the second half's kept from the first (no both-copies stochastic
+        // kernel is declared: it spilled, and measured slower than the rowwise-only and columnwise-only ones)
+        [[maybe_unused]] uint2 second_half_words[kColwise ? kVec : 1];
 #pragma unroll(kRowwise ? 1 : 2)
-      for (int half = 0; half < 2; ++half, row_dst += 8 * kCodeStageBytes) {
-        auto element = [&](int i, int c) { return Element<V>::word_element_to_float(&patch[i].x, c); };
-        if constexpr (kRowwise) {
+        for (int half = 0; half < 2; ++half, row_dst += 8 * kCodeStageBytes) {
+          auto element = [&](int i, int c) { return Element<V>::word_element_to_float(&patch[i].x, c); };
+          if constexpr (kRowwise) {
 #pragma unroll
-          for (int pp = 0; pp < 4; ++pp) {
-            const int i0 = 8 * half + 2 * pp;  // rows i0, i0 + 1 of the patch
-            const float2 r = *reinterpret_cast<const float2*>(&row_inverse[warp][block][16 * group + i0]);
-            float v[2][kVec];
+            for (int pp = 0; pp < 4; ++pp) {
+              const int i0 = 8 * half + 2 * pp;  // rows i0, i0 + 1 of the patch
+              const float2 r = *reinterpret_cast<const float2*>(&row_inverse[warp][block][16 * group + i0]);
+              float v[2][kVec];
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
+              for (int h = 0; h < 2; ++h)
 #pragma unroll
-              for (int c = 0; c < kVec; ++c) v[h][c] = element(2 * pp + h, c);
-            // this lane draws row i0 + q; its half of a block is words 2q and 2q + 1
-            const uint4 b = block_random_bits(seed, row_draw, row_block0 + static_cast<uint64_t>(i0 + q) * row_blocks);
-            const uint2 own = q ? make_uint2(b.z, b.w) : make_uint2(b.x, b.y);
-            const uint2 give = q ? make_uint2(b.x, b.y) : make_uint2(b.z, b.w);
-            const uint2 got = make_uint2(__shfl_xor_sync(0xFFFFFFFFu, give.x, 1), __shfl_xor_sync(0xFFFFFFFFu, give.y, 1));
-            *reinterpret_cast<uint32_t*>(row_dst + 2 * pp * kCodeStageBytes) = encode_codes_stochastic(v[0], r.x, q ? got : own);
-            *reinterpret_cast<uint32_t*>(row_dst + (2 * pp + 1) * kCodeStageBytes) =
-                encode_codes_stochastic(v[1], r.y, q ? own : got);
+                for (int c = 0; c < kVec; ++c) v[h][c] = element(2 * pp + h, c);
+              // this lane draws row i0 + q; its half of a block is words 2q and 2q + 1
+              const uint4 b = block_random_bits(seed, row_draw, row_block0 + static_cast<uint64_t>(i0 + q) * row_blocks);
+              const uint2 own = q ? make_uint2(b.z, b.w) : make_uint2(b.x, b.y);
+              const uint2 give = q ? make_uint2(b.x, b.y) : make_uint2(b.z, b.w);
+              const uint2 got = make_uint2(__shfl_xor_sync(0xFFFFFFFFu, give.x, 1), __shfl_xor_sync(0xFFFFFFFFu, give.y, 1));
+              *reinterpret_cast<uint32_t*>(row_dst + 2 * pp * kCodeStageBytes) = encode_codes_stochastic(v[0], r.x, q ? got : own);
+              *reinterpret_cast<uint32_t*>(row_dst + (2 * pp + 1) * kCodeStageBytes) =
+                  encode_codes_stochastic(v[1], r.y, q ? own : got);
+            }
           }
-        }
-        if constexpr (kColwise) {
-          const int offset = warp * (L::kTileRows / 2) + group * 8 + half * 4;  // as in encode_patch
+          if constexpr (kColwise) {
+            const int offset = warp * (L::kTileRows / 2) + group * 8 + half * 4;  // as in encode_patch
 #pragma unroll
-          for (int c = 0; c < kVec; ++c) {
-            uint2 words;  // the half's 8 rows' random bytes
-            if constexpr (kKeepColumnWords) {  // one draw a column: the second half's words kept from the first
+            for (int c = 0; c < kVec; ++c) {
+              uint2 words;  // the half's 8 rows' random bytes
               if (half == 0) {
                 const uint4 b = block_random_bits(seed, col_draw, col_block0 + c * col_blocks);
                 words = make_uint2(b.x, b.y), second_half_words[c] = make_uint2(b.z, b.w);
               } else {
                 words = second_half_words[c];
               }
-            } else {
-              const uint4 b = block_random_bits(seed, col_draw, col_block0 + c * col_blocks);
-              words = half ? make_uint2(b.z, b.w) : make_uint2(b.x, b.y);
+              float v[8];
+#pragma unroll
+              for (int i = 0; i < 8; ++i) v[i] = element(i, c);
+              const int col = kc * kVec + c;
+              *reinterpret_cast<uint32_t*>(&col_code_stage[col][col_code_piece(col, offset / 16) * 16 + offset % 16]) =
+                  encode_codes_stochastic(v, col_r[c], words);
             }
-            float v[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = element(i, c);
-            const int col = kc * kVec + c;
-            *reinterpret_cast<uint32_t*>(&col_code_stage[col][col_code_piece(col, offset / 16) * 16 + offset % 16]) =
-                encode_codes_stochastic(v, col_r[c], words);
           }
-        }
 #pragma unroll
-        for (int i = 0; i < 8; ++i) patch[i] = patch[i + 8];
+          for (int i = 0; i < 8; ++i) patch[i] = patch[i + 8];
+        }
       }
     };
     if constexpr (kStochastic) {

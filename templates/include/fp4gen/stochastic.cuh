@@ -72,30 +72,27 @@ __device__ __forceinline__ uint32_t e2m1_magnitude_pair(uint32_t t0, uint32_t t1
   return __vimin_s16x2_relu(__viaddmax_s16x2_relu(d, 0xFF04FF04u, from_half), 0x00070007u);
 }
 
-// The stochastically rounded codes of fl(v[k] * r), k < kCodes (4 or 8), element k in nibble k, with random
-// bytes `bits` (element k takes byte k % 4 of word k / 4: bits.x, then bits.y). The sign bit is y's: y is
-// fl(v * r) + 0, which makes -0.0 (a zero, or a negative product that underflows) +0.0, whose code is 0 as the
-// rule's y < 0 test gives. The magnitudes come two at a time from e2m1_magnitude_pair and are packed with byte
+// The stochastically rounded codes of fl(v[k] * r), k < 8, element k in nibble k, with random bytes `bits`
+// (element k takes byte k % 4 of word k / 4: bits.x, then bits.y). The sign bit is y's: y is fl(v * r) + 0,
+// which makes -0.0 (a zero, or a negative product that underflows) +0.0, whose code is 0 as the rule's y < 0
+// test gives. The magnitudes come two at a time from e2m1_magnitude_pair and are packed with byte
 // permutes: [c0, c1, c2, c3] as bytes, each byte ORed with the next one's nibble, then bytes 0 and 2 kept.
-template <int kCodes>
-__device__ __forceinline__ uint32_t encode_codes_stochastic(const float (&v)[kCodes], float r, uint2 bits) {
-  static_assert(kCodes == 4 || kCodes == 8, "whole words of random bytes: 4 or 8 codes");
-  uint32_t t[kCodes], signs = 0u;
+__device__ __forceinline__ uint32_t encode_codes_stochastic(const float (&v)[8], float r, uint2 bits) {
+  uint32_t t[8], signs = 0u;
 #pragma unroll
-  for (int k = kCodes - 1; k >= 0; --k) {  // from the top element, whose sign nibble is pushed first
+  for (int k = 7; k >= 0; --k) {  // from the top element, whose sign nibble is pushed first
     const float y = __fadd_rn(__fmul_rn(v[k], r), 0.0f);
     t[k] = stochastic_sum_bits(y, k < 4 ? bits.x : bits.y, k % 4);
     signs = push_sign_nibble(signs, y);
   }
-  uint32_t packed[kCodes / 4];  // two codes a byte: bytes 0 and 2 of each word
+  uint32_t packed[2];  // two codes a byte: bytes 0 and 2 of each word
 #pragma unroll
-  for (int w = 0; w < kCodes / 4; ++w) {
+  for (int w = 0; w < 2; ++w) {
     const uint32_t bytes = __byte_perm(e2m1_magnitude_pair(t[4 * w], t[4 * w + 1]),
                                        e2m1_magnitude_pair(t[4 * w + 2], t[4 * w + 3]), 0x6420);
     packed[w] = (bytes | (bytes >> 4)) & 0x00FF00FFu;
   }
-  const uint32_t codes = __byte_perm(packed[0], kCodes == 8 ? packed[kCodes / 4 - 1] : 0u, 0x6420);
-  return codes | (signs & (kSignNibbleBits >> (32 - 4 * kCodes)));
+  return __byte_perm(packed[0], packed[1], 0x6420) | (signs & kSignNibbleBits);
 }
 
 }  // namespace fp4gen
