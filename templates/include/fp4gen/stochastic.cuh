@@ -40,36 +40,37 @@ __device__ __forceinline__ uint4 block_random_bits(uint64_t seed, uint64_t offse
                        static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
-// The stochastic step, as its code's magnitude bits (0-7) for y with byte k of `word` (k is a constant wherever
-// this is inlined in an unrolled loop, and the byte permute's selector with it): NaN gives 7 (+6), as
-// round-to-nearest does. Computed without the rule's division, floor and grid lookup, to the same codes
-// (tests/cuda/stochastic_code_exhaustive.cu compares encode_codes_stochastic with the rule for every float and
-// every byte):
-//  - step: 2^(e - 1) from a = |y|'s exponent e, at least 0.5. That is the rule's step(a) below 8; above,
-//    t >= a >= 8 saturates to 6 whatever the step.
+// The stochastic step, as the bits of t for y with byte k of `word` (k is a constant wherever this is inlined in
+// an unrolled loop, and the byte permute's selector with it). Computed without the rule's division, floor and
+// grid lookup, to the same codes (tests/cuda/stochastic_code_exhaustive.cu compares encode_codes_stochastic with
+// the rule for every float and every byte):
 //  - t = fma(u, step, a) as the rule's (u * step is exact, so the same rounding), with u * step taken as
-//    (byte * 2^-15) * (step * 2^7): one byte permute puts the byte into the mantissa of 1 + byte * 2^-15,
-//    and subtracting 1 leaves byte * 2^-15 exactly. (From 2^123 on the scaled step wraps into a negative
-//    tiny value, which leaves t = a >= 8: saturated either way.)
-//  - the code from t's bits (e2m1_magnitude_pair): d = t's exponent and first mantissa bit (bits >> 22). On
-//    [1, 8) the grid is a float with one mantissa bit, so floor(t / step(t)) * step(t) has code d - 252 (254
-//    for 1.0 ... 259 for 6); below 1 the grid step is 0.5, so the code is 1 on [0.5, 1) (d 252 and 253) and
-//    0 below; at most 7 (6), which also takes t >= 8, infinity and NaN (whose d is above 259).
+//    (byte * 2^-133) * (step * 2^125): one byte permute puts the byte into bits 16-23 of an otherwise zero word,
+//    the subnormal float byte * 2^-133 (fma.rn.f32 keeps subnormal operands; the build does not flush them).
+//  - step * 2^125: the float of exponent field f + 124, f being a = |y|'s field, and at least 2^124 (step 0.5):
+//    one add and signed maximum on the masked bits. That is the rule's step(a) = 2^(f - 128) for a in [1, 8) and
+//    0.5 below. For a >= 8, which saturates to 6 whatever the step, the result is 2^127 (t >= 8), infinity
+//    (t infinite, or NaN when the byte is 0: both read as 7 below) or, from f = 132 on, a field past 255 that
+//    wraps the sign bit and loses to the maximum (2^124; t >= a >= 32).
 __device__ __forceinline__ uint32_t stochastic_sum_bits(float y, uint32_t word, int k) {
-  // bytes of 0x3F800000 | byte << 8: 0x00 (the constant's byte 0), the byte, 0x80, 0x3F
-  const float scaled_byte = __uint_as_float(__byte_perm(word, 0x3F800000u, 0x7604 | (k << 4))) - 1.0f;
-  const float scaled_step = __uint_as_float(max(__float_as_uint(y) & 0x7F800000u, 0x3F800000u) + 0x03000000u);
+  const float scaled_byte = __uint_as_float(__byte_perm(word, 0u, 0x4044 | (k << 8)));  // byte k to byte 2
+  const float scaled_step = __uint_as_float(__viaddmax_s32(__float_as_uint(y) & 0x7F800000u, 0x3E000000, 0x7D800000));
   return __float_as_uint(__fmaf_rn(scaled_byte, scaled_step, fabsf(y)));
 }
 
-// Two codes' magnitude bits at once from their t bits, in 16-bit lanes (t0's low): with d as above,
-// code = min(max(d - 252, min(d - 251, 1), 0), 7), which is d - 252 on [254, 259], 1 for d 252 and 253, 0 below
-// and 7 above (d is at most 511 and t >= 0, so the lanes never overflow).
+// Two codes' magnitude bits at once from their t bits (t >= 0, or a NaN with the sign bit clear), in 16-bit lanes:
+// X = t's top half, so that d = X >> 6 is t's exponent field and first mantissa bit. On [1, 8) the grid is a
+// float with one mantissa bit, so floor(t / step(t)) * step(t) has code d - 252 (254 for 1.0 ... 259 for 6);
+// below 1 the grid step is 0.5, so the code is 1 on [0.5, 1) (d 252 and 253) and 0 below; at most 7 (6), which
+// also takes t >= 8, infinity and NaN (d above 259). Computed on X itself, code * 64 plus X's low 6 bits:
+// min(max(X - 252 * 64, min(X - 251 * 64, 64), 0), 7 * 64 + 63), whose bits 6-8 are the code (X is at most
+// 0x7FFF, so the lanes never overflow). The shift leaves t0's code in byte 0 and t1's in byte 2 (bytes 1 and 3
+// hold X's low bits and zeros: callers take bytes 0 and 2).
 __device__ __forceinline__ uint32_t e2m1_magnitude_pair(uint32_t t0, uint32_t t1) {
-  const uint32_t d = (__byte_perm(t0, t1, 0x7632) >> 6) & 0x03FF03FFu;  // t's top halves, shifted
-  const uint32_t from_half = __viaddmin_s16x2(d, 0xFF05FF05u, 0x00010001u);  // min(d - 251, 1)
-  // max(d - 252, from_half, 0), then min(.., 7) (its own max with 0 changes nothing)
-  return __vimin_s16x2_relu(__viaddmax_s16x2_relu(d, 0xFF04FF04u, from_half), 0x00070007u);
+  const uint32_t x = __byte_perm(t0, t1, 0x7632);                            // t0's top half low, t1's high
+  const uint32_t from_half = __viaddmin_s16x2(x, 0xC140C140u, 0x00400040u);  // min(X - 251 * 64, 64)
+  const uint32_t m = __vimin_s16x2_relu(__viaddmax_s16x2_relu(x, 0xC100C100u, from_half), 0x01FF01FFu);
+  return m >> 6;
 }
 
 // The stochastically rounded codes of fl(v[k] * r), k < 8, element k in nibble k, with random bytes `bits`
