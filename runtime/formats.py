@@ -85,6 +85,16 @@ class NVFP4Data:
             raise ValueError(f"e4m3_max={self.e4m3_max!r}; it must be 448 (standard) or 256 (4over6)")
         object.__setattr__(self, "e4m3_max", float(self.e4m3_max))
 
+    @classmethod
+    def _made_by_fp4gen(cls, data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor,
+                        e4m3_max: float) -> "NVFP4Data":
+        """An operand that fp4gen's own kernels just produced (or that fp4gen.nn passes between its own calls):
+        the checks above hold by construction, and skipping them takes several microseconds off each call."""
+        operand = object.__new__(cls)
+        for name, value in (("data", data), ("scale", scale), ("amax", amax), ("e4m3_max", e4m3_max)):
+            object.__setattr__(operand, name, value)
+        return operand
+
     @property
     def shape(self) -> tuple[int, int]:
         """Logical [rows, cols] shape in elements."""

@@ -10,6 +10,7 @@ advances in place (declared as a mutated argument); without stochastic rounding 
 """
 from __future__ import annotations
 
+import functools
 import types
 from typing import Optional
 
@@ -60,12 +61,18 @@ def _(x, scaling, block, rowwise, columnwise, rounding, hadamard, four_over_six,
     return (*row, *col)
 
 
+def _gemm_with(operand, a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max):
+    """The gemm op's body, its operands built by `operand` (NVFP4Data, which checks them, or
+    NVFP4Data._made_by_fp4gen for fp4gen.nn's own triples)."""
+    d = api.gemm(operand(a_data, a_scale, a_amax, a_e4m3_max), operand(b_data, b_scale, b_amax, b_e4m3_max),
+                 out_dtype=out_dtype)
+    return d.contiguous()  # a padded-N CUDA result is a strided view; the fake promises a dense tensor
+
+
 def _gemm(a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, b_data: torch.Tensor,
           b_scale: torch.Tensor, b_amax: torch.Tensor, out_dtype: torch.dtype, a_e4m3_max: float,
           b_e4m3_max: float) -> torch.Tensor:
-    d = api.gemm(NVFP4Data(a_data, a_scale, a_amax, a_e4m3_max), NVFP4Data(b_data, b_scale, b_amax, b_e4m3_max),
-                 out_dtype=out_dtype)
-    return d.contiguous()  # a padded-N CUDA result is a strided view; the fake promises a dense tensor
+    return _gemm_with(NVFP4Data, a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max)
 
 
 gemm = torch.library.custom_op("fp4gen::gemm", mutates_args=())(_gemm)
@@ -76,11 +83,15 @@ def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b
     return a_data.new_empty(a_data.shape[0], b_data.shape[0], dtype=out_dtype)
 
 
+def _gemm_accumulate_with(operand, out, a_data, a_scale, a_amax, b_data, b_scale, b_amax, a_e4m3_max, b_e4m3_max):
+    api.gemm(operand(a_data, a_scale, a_amax, a_e4m3_max), operand(b_data, b_scale, b_amax, b_e4m3_max),
+             out=out, accumulate=True)
+
+
 def _gemm_accumulate(out: torch.Tensor, a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor,
                      b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, a_e4m3_max: float,
                      b_e4m3_max: float) -> None:
-    api.gemm(NVFP4Data(a_data, a_scale, a_amax, a_e4m3_max), NVFP4Data(b_data, b_scale, b_amax, b_e4m3_max),
-             out=out, accumulate=True)
+    _gemm_accumulate_with(NVFP4Data, out, a_data, a_scale, a_amax, b_data, b_scale, b_amax, a_e4m3_max, b_e4m3_max)
 
 
 gemm_accumulate = torch.library.custom_op("fp4gen::gemm_accumulate", mutates_args=("out",))(_gemm_accumulate)
@@ -92,8 +103,12 @@ def _(out, a_data, a_scale, a_amax, b_data, b_scale, b_amax, a_e4m3_max, b_e4m3_
 
 
 # The ops' Python bodies: the same computation without the dispatcher's per-call cost (about 25 us per op
-# on our build machine's CPU, several percent of an eager training step).
-_EAGER = types.SimpleNamespace(quantize=_quantize, gemm=_gemm, gemm_accumulate=_gemm_accumulate)
+# on our build machine's CPU, several percent of an eager training step), taking fp4gen.nn's triples (made by
+# fp4gen's quantize) without checking them again.
+_EAGER = types.SimpleNamespace(
+    quantize=_quantize,
+    gemm=functools.partial(_gemm_with, NVFP4Data._made_by_fp4gen),
+    gemm_accumulate=functools.partial(_gemm_accumulate_with, NVFP4Data._made_by_fp4gen))
 
 
 def for_caller():

@@ -35,18 +35,21 @@ def _problem(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointer
                    values or {}, cols, rows, pointers or {})
 
 
-_PLANS = {}  # problem signature -> loaded kernel: the hot path is one dict lookup
+_PLANS = {}  # plan key -> loaded kernel: a hit costs building one tuple and one dict lookup
 
 
-def _kernel_for(problem: Problem):
-    """select() + load_kernel(), memoised on everything that decides the choice: the operation, arch,
-    dtypes and spec values, and the rules' inputs (cols modulo 256, which covers every `cols_multiple_of`;
-    rows up to 256 for the GEMM tile choice; addresses modulo 16)."""
-    key = (problem.op, problem.compute_capability, tuple(sorted(problem.dtypes.items())),
-           tuple(sorted(problem.values.items())), problem.cols % 256, min(problem.rows, 256),
-           tuple(sorted((arg, address % 16) for arg, address in problem.pointers.items())))
+def _kernel_for(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointers=None, values=None,
+                rows: int = 0):
+    """select() + load_kernel(), memoised on everything that decides the choice: the operation, device (hence
+    arch), dtypes and spec values, and the rules' inputs (cols modulo 256, which covers every
+    `cols_multiple_of`; rows up to 256 for the GEMM tile choice; addresses modulo 16). The key keeps the
+    dicts' insertion order, which each call site fixes, so a hit needs no sorting and no Problem."""
+    key = (op, device.index, *dtypes.items(), *(values.items() if values else ()), cols % 256, min(rows, 256))
+    if pointers:
+        key += tuple((arg, address % 16) for arg, address in pointers.items())
     kernel = _PLANS.get(key)
     if kernel is None:
+        problem = _problem(op, device, dtypes, cols, pointers, values, rows)
         kernel = _PLANS[key] = load_kernel(select(problem, load_manifest()))
     return kernel
 
@@ -57,13 +60,20 @@ def _row_start_bits(t: torch.Tensor) -> int:
     return t.data_ptr() | (t.stride(0) * t.element_size() if t.shape[0] > 1 else 0)
 
 
+# The current stream's handle and the current device, straight from PyTorch's C++ state: the public
+# torch.cuda.current_stream(device).cuda_stream builds a Stream object on every call. (A CPU-only build of
+# PyTorch has neither; nothing launches there.)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
 def _launch(kernel, device: torch.device, *args) -> None:
-    stream = torch.cuda.current_stream(device).cuda_stream
-    if torch.cuda.current_device() == device.index:
-        kernel.run(*args, stream=stream)
+    index = device.index
+    if _current_device() == index:
+        kernel.run(*args, stream=_raw_stream(index))
     else:
-        with torch.cuda.device(device):  # the launch goes to the current device: make it the tensors' device
-            kernel.run(*args, stream=stream)
+        with torch.cuda.device(index):  # the launch goes to the current device: make it the tensors' device
+            kernel.run(*args, stream=_raw_stream(index))
 
 
 def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, out=None) -> torch.Tensor:
@@ -75,9 +85,8 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, o
         out = torch.empty(rows, cols, dtype=dtype, device=device)
     data, scale = operand.data, operand.scale.view(torch.uint8)
     amax = operand.amax.contiguous()
-    problem = _problem("dequantize", device, {"out_dtype": dtype}, cols,
-                       {"data": _row_start_bits(data), "out": _row_start_bits(out)})
-    kernel = _kernel_for(problem)
+    kernel = _kernel_for("dequantize", device, {"out_dtype": dtype}, cols,
+                         {"data": _row_start_bits(data), "out": _row_start_bits(out)})
     _launch(kernel, device, data.data_ptr(), scale.data_ptr(), amax.data_ptr() if with_amax else None,
             out.data_ptr(), rows, cols, data.stride(0), scale.stride(0), 1 if operand.row_scaled else 0,
             out.stride(0), 1.0 / (6.0 * operand.e4m3_max))  # ctypes rounds the double quotient: fl(1/(6 e4m3_max))
@@ -117,7 +126,12 @@ def uses_row_pass(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, co
 
 def _declares(op: str, x: torch.Tensor, values: dict) -> bool:
     """Whether the manifest declares a kernel of `op` for x's dtype and device with these spec values."""
-    return bool(declared(_problem(op, x.device, {"in_dtype": x.dtype}, values=values), load_manifest()))
+    return _declares_for(op, x.device, x.dtype, tuple(values.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _declares_for(op: str, device: torch.device, dtype: torch.dtype, values: tuple) -> bool:
+    return bool(declared(_problem(op, device, {"in_dtype": dtype}, values=dict(values)), load_manifest()))
 
 
 def plain_kernels_take(x: torch.Tensor, block: tuple, columnwise: bool, options: QuantizeOptions) -> bool:
@@ -154,10 +168,9 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     in_dtype = {"in_dtype": x.dtype}
     rounding = {"rounding": options.rounding}
     if row_pass:
-        first_kernel = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers,
-                                            {"hadamard": "none", **rounding}))
+        first_kernel = _kernel_for("row_pass", device, in_dtype, cols, pointers, {"hadamard": "none", **rounding})
     else:
-        first_kernel = _kernel_for(_problem("amax", device, in_dtype, cols, pointers))
+        first_kernel = _kernel_for("amax", device, in_dtype, cols, pointers)
     if row_pass:
         directions = ["columnwise"] if columnwise else []
     elif rowwise and columnwise:
@@ -166,9 +179,9 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
         directions = ["rowwise", "columnwise"] if options.rounding == "stochastic" else ["both"]
     else:
         directions = ["rowwise" if rowwise else "columnwise"]
-    quantize_kernels = [(direction, _kernel_for(_problem("quantize", device, in_dtype, cols, pointers, {
+    quantize_kernels = [(direction, _kernel_for("quantize", device, in_dtype, cols, pointers, {
         "direction": direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}", "hadamard": "none",
-        **rounding}))) for direction in directions]
+        **rounding})) for direction in directions]
     rng_state = _rng_state(options)
 
     if row_scaled:  # per-row amax for the rowwise copy, per-column amax for the columnwise copy
@@ -213,8 +226,8 @@ def _zero(*amaxes):
 
 def _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max):
     e4m3 = torch.float8_e4m3fn
-    row = NVFP4Data(row_data, row_scale.view(e4m3), row_amax, e4m3_max) if rowwise else None
-    col = NVFP4Data(col_data, col_scale.view(e4m3), col_amax, e4m3_max) if columnwise else None
+    row = NVFP4Data._made_by_fp4gen(row_data, row_scale.view(e4m3), row_amax, e4m3_max) if rowwise else None
+    col = NVFP4Data._made_by_fp4gen(col_data, col_scale.view(e4m3), col_amax, e4m3_max) if columnwise else None
     return row, col
 
 
@@ -231,8 +244,8 @@ def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: 
     values = {"rounding": options.rounding, "hadamard": "rht16" if options.hadamard else "none",
               "four_over_six": "none" if options.four_over_six is None else "adaptive"}
     amax_op = "amax_hadamard" if options.hadamard else "amax"
-    amax_kernel = _kernel_for(_problem(amax_op, device, in_dtype, cols, pointers))
-    kernel = _kernel_for(_problem("quantize_options", device, in_dtype, cols, pointers, values))
+    amax_kernel = _kernel_for(amax_op, device, in_dtype, cols, pointers)
+    kernel = _kernel_for("quantize_options", device, in_dtype, cols, pointers, values)
 
     if row_scaled:
         row_amax = _empty(device, rows, dtype=torch.float32) if rowwise else None
@@ -276,15 +289,15 @@ def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: Qu
     row_pass_values = {"hadamard": "rht16", "rounding": options.rounding}
     # (row_pass_limits(0) turns it off, as for the plain path)
     if row_scaled and rowwise and ROW_PASS_MAX_ROW_BYTES > 0 and _declares("row_pass", x, row_pass_values):
-        row_pass_kernel = _kernel_for(_problem("row_pass", device, in_dtype, cols, pointers, row_pass_values))
+        row_pass_kernel = _kernel_for("row_pass", device, in_dtype, cols, pointers, row_pass_values)
         if cols > row_pass_kernel.constraints["cols_at_most"]:
             row_pass_kernel = None
     rng_state = _rng_state(options)
 
     def quantize_kernel(direction, hadamard):
-        return _kernel_for(_problem("quantize", device, in_dtype, cols, pointers, {
+        return _kernel_for("quantize", device, in_dtype, cols, pointers, {
             "direction": direction, "scaling": scaling, "block": "1x16", "hadamard": hadamard,
-            "rounding": options.rounding}))
+            "rounding": options.rounding})
 
     col_kernel = quantize_kernel("columnwise", "rht16")
     if row_scaled:
@@ -302,7 +315,7 @@ def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: Qu
         _launch(row_pass_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax),
                 _ptr(row_data), _ptr(row_scale), None, None)
     else:
-        amax_kernel = _kernel_for(_problem("amax_hadamard", device, in_dtype, cols, pointers))
+        amax_kernel = _kernel_for("amax_hadamard", device, in_dtype, cols, pointers)
         _launch_amax_hadamard(amax_kernel, x, stride, row_scaled, row_amax, col_amax)
         if rowwise:
             _launch(quantize_kernel("rowwise", "none"), device, x.data_ptr(), stride, rows, cols, _ptr(row_amax),
@@ -425,7 +438,20 @@ def gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype):
     """The kernel fp4gen.gemm runs for these operands (FP4GEN_PRINT_CONFIGS=1 prints its name)."""
     pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
                 "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
-    return _kernel_for(_problem("gemm", a.device, {"out_dtype": out_dtype}, a.shape[1], pointers, rows=a.shape[0]))
+    return _kernel_for("gemm", a.device, {"out_dtype": out_dtype}, a.shape[1], pointers, rows=a.shape[0])
+
+
+_GEMM_WORKSPACE = {}  # (kernel, device, m, n, k, operand strides) -> bytes
+
+
+def _gemm_workspace_bytes(kernel, device_index: int, m: int, n: int, k: int, operand_strides: tuple, args: tuple):
+    """The GEMM's workspace, asked of the library once per device and problem shape (it depends on the shape,
+    the split and the device's multiprocessors, not on addresses)."""
+    key = (kernel, device_index, m, n, k, operand_strides)
+    size = _GEMM_WORKSPACE.get(key)
+    if size is None:
+        size = _GEMM_WORKSPACE[key] = kernel.workspace_size(*args, None)
+    return size
 
 
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool):
@@ -463,7 +489,7 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
     args = (*operand_ptrs, d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(), gemm_alpha(a, b),
             1.0 if accumulate else 0.0, m, n_run, k, *operand_strides, d.stride(0), d.stride(0), int(a.row_scaled),
             int(b.row_scaled))
-    workspace_bytes = kernel.workspace_size(*args, None)
+    workspace_bytes = _gemm_workspace_bytes(kernel, device.index, m, n_run, k, operand_strides, args)
     workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device) if workspace_bytes else None
     _launch(kernel, device, *args, workspace.data_ptr() if workspace is not None else None)
     if out is None:

@@ -10,6 +10,7 @@
 // crosses this boundary.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -36,6 +37,53 @@ __host__ __device__ inline bool aligned(const void* ptr, int64_t bytes) {
 inline int launch_status() {
   cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? kOk : kCudaErrorBase + static_cast<int>(err);
+}
+
+// Per-device facts that launchers need on every call and that do not change while the process runs: looked up
+// once per device and kept (a lookup costs a CUDA runtime call on the host path of every launch). Two threads
+// that race on the first lookup both compute the same value.
+constexpr int kMaxCachedDevices = 64;
+
+// The current device and its multiprocessor count; false on a CUDA error.
+inline bool current_device_multiprocessors(int* device, int* sms) {
+  static std::atomic<int> cache[kMaxCachedDevices];
+  if (cudaGetDevice(device) != cudaSuccess) return false;
+  if (*device < 0 || *device >= kMaxCachedDevices)
+    return cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *device) == cudaSuccess;
+  *sms = cache[*device].load(std::memory_order_relaxed);
+  if (*sms > 0) return true;
+  if (cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, *device) != cudaSuccess) return false;
+  cache[*device].store(*sms, std::memory_order_relaxed);
+  return true;
+}
+
+// CTAs of kKernel per multiprocessor on `device` with `threads` threads and `shared_bytes` of dynamic shared
+// memory (kept for the last shared_bytes asked on each device); false on a CUDA error.
+template <auto kKernel>
+bool cached_occupancy(int device, int threads, size_t shared_bytes, int* per_sm) {
+  static std::atomic<uint64_t> cache[kMaxCachedDevices];  // (shared_bytes + 1) << 32 | per_sm; 0: none yet
+  const bool cacheable = device >= 0 && device < kMaxCachedDevices && shared_bytes < (size_t{1} << 31);
+  const uint64_t tag = static_cast<uint64_t>(shared_bytes + 1) << 32;
+  if (cacheable) {
+    const uint64_t entry = cache[device].load(std::memory_order_relaxed);
+    if ((entry & ~uint64_t{0xFFFFFFFFu}) == tag) return *per_sm = static_cast<int>(entry & 0xFFFFFFFFu), true;
+  }
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kKernel, threads, shared_bytes) != cudaSuccess)
+    return false;
+  if (cacheable) cache[device].store(tag | static_cast<uint32_t>(*per_sm), std::memory_order_relaxed);
+  return true;
+}
+
+// Raises kKernel's dynamic shared memory limit to at least `bytes` on the current device (kernels above 48 KB
+// must opt in; the attribute is per function and device, so it is set once per device, or again for more).
+template <auto kKernel>
+cudaError_t opt_in_shared_bytes(int device, size_t bytes) {
+  static std::atomic<size_t> granted[kMaxCachedDevices];
+  const bool cacheable = device >= 0 && device < kMaxCachedDevices;
+  if (cacheable && granted[device].load(std::memory_order_relaxed) >= bytes) return cudaSuccess;
+  const cudaError_t err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess && cacheable) granted[device].store(bytes, std::memory_order_relaxed);
+  return err;
 }
 
 // Launches `kernel` as the programmatic dependent of the kernel launched before it on `stream`: its CTAs may

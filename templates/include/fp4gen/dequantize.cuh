@@ -131,9 +131,7 @@ int dequantize_run(const uint8_t* data, const uint8_t* scale, const float* amax,
   const int64_t threads_y = kThreads / threads_x;
   const int64_t col_blocks = (vectors_per_row + threads_x - 1) / threads_x;
   int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return launch_status();
+  if (!current_device_multiprocessors(&device, &sms)) return launch_status();
   const int64_t row_blocks_needed = (rows + threads_y * kRowsPerIter - 1) / (threads_y * kRowsPerIter);
   const int64_t row_blocks_wanted = std::max<int64_t>(1, sms * kCtasPerSm * kWaves / col_blocks);
   const dim3 block(static_cast<unsigned>(threads_x), static_cast<unsigned>(threads_y));

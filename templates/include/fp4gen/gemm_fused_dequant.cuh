@@ -344,9 +344,11 @@ int fused_gemm_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
   using T = fused_gemm::Tile<BM, BN>;
-  auto kernel = fused_gemm::gemm_kernel<BM, BN, OutT>;
+  constexpr auto kernel = fused_gemm::gemm_kernel<BM, BN, OutT>;
   // above 48 KB of dynamic shared memory a kernel must opt in (a per-function attribute, not a stream op)
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = opt_in_shared_bytes<kernel>(device, T::kSmemBytes);
   if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
   const fused_gemm::Params params{a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, alpha, beta,
                                   m, n, k, lda, lda_scale, ldb, ldb_scale, ldc, ldd,

@@ -700,11 +700,9 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
       x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, rng_state);
   if (status != kOk) return status;
   if (rows == 0 || cols == 0) return kOk;
-  auto kernel = quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHardwareCvt, kHadamard, kStochastic>;
+  constexpr auto kernel = quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHardwareCvt, kHadamard, kStochastic>;
   int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kQuantThreads, 0) != cudaSuccess)
+  if (!current_device_multiprocessors(&device, &sms) || !cached_occupancy<kernel>(device, kQuantThreads, 0, &per_sm))
     return launch_status();
   constexpr int64_t kTileRows = QuantLane<InT>::kTileRows;
   constexpr int64_t kUnitCols = quant_unit_tiles<kRowwise, kColwise, kRowScaled>() * kQuantTileCols;

@@ -392,20 +392,14 @@ __global__ void __launch_bounds__(1024)
 // The row pass's grid: CTAs that fit on the GPU at once, at most one per panel. 0 on a CUDA error.
 template <class InT, bool kHardwareCvt, bool kStochastic, int kWarps, bool kWholeRow>
 int64_t row_pass_grid(int64_t rows, int64_t cols, bool columns, size_t* shared_bytes) {
-  auto kernel = row_pass_kernel<InT, kHardwareCvt, kStochastic, kWarps, kWholeRow>;
+  constexpr auto kernel = row_pass_kernel<InT, kHardwareCvt, kStochastic, kWarps, kWholeRow>;
   *shared_bytes = columns ? static_cast<size_t>(RowPassLayout<InT>::column_bytes(cols)) : 0;
   int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 0;
+  if (!current_device_multiprocessors(&device, &sms)) return 0;
   // more than the 48 KB a kernel gets by default needs an opt-in (only rows of more than 48 KB of column maxima)
   constexpr size_t kDefaultSharedBytes = 48 * 1024;
-  if (*shared_bytes > kDefaultSharedBytes &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(*shared_bytes)) !=
-          cudaSuccess)
-    return 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * kWarps, *shared_bytes) != cudaSuccess)
-    return 0;
+  if (*shared_bytes > kDefaultSharedBytes && opt_in_shared_bytes<kernel>(device, *shared_bytes) != cudaSuccess) return 0;
+  if (!cached_occupancy<kernel>(device, 32 * kWarps, *shared_bytes, &per_sm)) return 0;
   const int64_t panels = (rows + kRowPassPanelRows - 1) / kRowPassPanelRows;
   return std::max<int64_t>(1, std::min<int64_t>(panels, static_cast<int64_t>(sms) * std::max(per_sm, 1)));
 }

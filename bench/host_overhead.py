@@ -1,0 +1,76 @@
+"""Host time per call of fp4gen's operations, against comparable torch operations, on tensors so small that
+the GPU is idle: what Python, dispatch and kernel launches cost a caller in eager mode.
+
+Each op is called back to back (no synchronization inside the loop) and the wall-clock time per call is the
+fastest of several rounds (host timings only gain from noise); "GPU us" is the same call replayed from a CUDA graph, which shows that the device
+finishes long before the host has issued the next call. "launches" counts the kernels (and memsets) one
+call puts on the stream (torch.profiler)."""
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import fp4gen
+from timing import graph_median_ms
+
+ROWS = COLS = 256
+ROUNDS, CALLS = 7, 200
+
+
+def host_us(fn) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(ROUNDS):
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        times.append((time.perf_counter() - start) / CALLS * 1e6)
+        torch.cuda.synchronize()
+    return min(times)
+
+
+def launches(fn) -> int:
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def cases():
+    torch.manual_seed(0)
+    dev = "cuda"
+    x = torch.randn(ROWS, COLS, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(COLS, COLS, device=dev, dtype=torch.bfloat16)
+    xq = fp4gen.quantize(x, scaling="row", columnwise=False).rowwise
+    wq = fp4gen.quantize(w, scaling="tensor", columnwise=False).rowwise
+    ref = torch.nn.Linear(COLS, COLS, device=dev, dtype=torch.bfloat16)
+    layer = fp4gen.nn.Linear(COLS, COLS, device=dev, dtype=torch.bfloat16)
+    xg = x.clone().requires_grad_(True)
+    dy = torch.randn(ROWS, COLS, device=dev, dtype=torch.bfloat16)
+    return [
+        ("torch: x.abs()", lambda: x.abs()),
+        ("torch: F.linear (bf16)", lambda: torch.nn.functional.linear(x, w)),
+        ("fp4gen.dequantize", lambda: fp4gen.dequantize(xq)),
+        ("fp4gen.quantize row-scaled, rowwise", lambda: fp4gen.quantize(x, scaling="row", columnwise=False)),
+        ("fp4gen.quantize row-scaled, both", lambda: fp4gen.quantize(x, scaling="row", columnwise=True)),
+        ("fp4gen.quantize per-tensor, both", lambda: fp4gen.quantize(x, scaling="tensor", columnwise=True)),
+        ("fp4gen.gemm", lambda: fp4gen.gemm(xq, wq)),
+        ("torch.nn.Linear fwd+bwd (bf16)", lambda: ref(xg).backward(dy)),
+        ("fp4gen.nn.Linear fwd+bwd", lambda: layer(xg).backward(dy)),
+    ]
+
+
+def main():
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  tensors {ROWS}x{COLS} bf16")
+    print(f"{'op':>38} {'host us':>8} {'GPU us':>7} {'launches':>8}")
+    for name, fn in cases():
+        gpu_us = graph_median_ms(fn) * 1e3
+        print(f"{name:>38} {host_us(fn):>8.1f} {gpu_us:>7.1f} {launches(fn):>8}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
