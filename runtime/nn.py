@@ -108,8 +108,10 @@ class _NVFP4LinearFunction(torch.autograd.Function):
             if ctx.need_wgrad:  # wgrad: (dY columnwise = dYᵀ [N, M]) x (X columnwise = Xᵀ [K, M])
                 if ctx.main_grad is not None:  # fp32 main-grad accumulation inside the GEMM epilogue
                     ops.gemm_accumulate(ctx.main_grad, *q[3:], *x_col, 448.0, ctx.x_e4m3_max)
-                else:  # in the weight's dtype: fp32 master weights under autocast get fp32 gradients
-                    dw = ops.gemm(*q[3:], *x_col, torch.float32, 448.0, ctx.x_e4m3_max).to(ctx.w_dtype)
+                else:  # in the weight's dtype: fp32 master weights under autocast get fp32 gradients. The
+                    # epilogue writes bf16 and fp32 itself (one rounding of its fp32 result, as a separate
+                    # conversion would do, without the extra launch and fp32 copy); fp16 goes through fp32.
+                    dw = ops.gemm(*q[3:], *x_col, GEMM_OUT[ctx.w_dtype], 448.0, ctx.x_e4m3_max).to(ctx.w_dtype)
         if ctx.bias_dtype is not None:
             db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)  # fp32 accumulation, no fp32 copy of dY
         return dx, dw, db, None, None, None, None, None, None
