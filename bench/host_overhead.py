@@ -4,7 +4,8 @@ the GPU is idle: what Python, dispatch and kernel launches cost a caller in eage
 Each op is called back to back (no synchronization inside the loop) and the wall-clock time per call is the
 fastest of several rounds (host timings only gain from noise); "GPU us" is the same call replayed from a CUDA graph, which shows that the device
 finishes long before the host has issued the next call. "launches" counts the kernels (and memsets) one
-call puts on the stream (torch.profiler)."""
+call puts on the stream (torch.profiler). The "one thread" rows run backward on the calling thread
+(torch.autograd.set_multithreading_enabled(False)) instead of autograd's device thread."""
 import time
 
 import torch
@@ -61,7 +62,17 @@ def cases():
         ("fp4gen.gemm", lambda: fp4gen.gemm(xq, wq)),
         ("torch.nn.Linear fwd+bwd (bf16)", lambda: ref(xg).backward(dy)),
         ("fp4gen.nn.Linear fwd+bwd", lambda: layer(xg).backward(dy)),
+        # backward on the calling thread instead of autograd's device thread: what the thread handoff costs
+        ("torch.nn.Linear fwd+bwd, one thread", single_threaded(lambda: ref(xg).backward(dy))),
+        ("fp4gen.nn.Linear fwd+bwd, one thread", single_threaded(lambda: layer(xg).backward(dy))),
     ]
+
+
+def single_threaded(fn):
+    def call():
+        with torch.autograd.set_multithreading_enabled(False):
+            fn()
+    return call
 
 
 def main():
