@@ -318,3 +318,33 @@ def test_row_pass_rule():
         assert not uses_row_pass(x, "tensor", (1, 16), True, True)
         assert not uses_row_pass(x, "tensor", (16, 16), True, True)
         assert not uses_row_pass(x, "row", (1, 16), False, True)  # columnwise only: the amax pass and its kernel
+
+
+def test_plan_cache_selects_once_per_kind_of_problem(monkeypatch):
+    """The dispatcher's plan cache: a repeated kind of problem is not selected again, while anything a rule
+    or the arch depends on (alignment, device) is."""
+    from fp4gen.cuda import ops
+
+    chosen = []
+
+    def counting_select(problem, manifest):
+        chosen.append(problem)
+        return select(problem, manifest)
+
+    monkeypatch.setattr(ops, "_PLANS", {})
+    monkeypatch.setattr(ops, "select", counting_select)
+    monkeypatch.setattr(ops, "load_kernel", lambda name: name)  # the name stands for the loaded library
+    monkeypatch.setattr(ops, "_capability", lambda index: (9, 0) if index == 0 else (10, 0))
+    hopper, blackwell = torch.device("cuda", 0), torch.device("cuda", 1)
+    out_dtype = {"out_dtype": torch.bfloat16}
+
+    def kernel_for(device, cols=64, data=0x1000):
+        return ops._kernel_for("dequantize", device, out_dtype, cols, {"data": data, "out": 0x2000})
+
+    assert kernel_for(hopper) == NAME and len(chosen) == 1
+    assert kernel_for(hopper) == NAME and kernel_for(hopper, cols=64 + 256) == NAME and len(chosen) == 1
+    assert kernel_for(hopper, data=0x1004) == NAME and len(chosen) == 2  # another address residue
+    with pytest.raises(ValueError, match=r"`data` 4-byte aligned, got address 0x1001"):
+        kernel_for(hopper, data=0x1001)
+    assert kernel_for(blackwell) == "dequantize_nvfp4_to_bf16_sm100a"
+    assert [p.compute_capability for p in chosen] == [(9, 0), (9, 0), (9, 0), (10, 0)]

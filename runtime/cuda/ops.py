@@ -442,6 +442,7 @@ def gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype):
 
 
 _GEMM_WORKSPACE = {}  # (kernel, device, m, n, k, operand strides) -> bytes
+_GEMM_WORKSPACE_ENTRIES = 4096  # emptied when full: shapes that change every step must not grow it forever
 
 
 def _gemm_workspace_bytes(kernel, device_index: int, m: int, n: int, k: int, operand_strides: tuple, args: tuple):
@@ -450,6 +451,8 @@ def _gemm_workspace_bytes(kernel, device_index: int, m: int, n: int, k: int, ope
     key = (kernel, device_index, m, n, k, operand_strides)
     size = _GEMM_WORKSPACE.get(key)
     if size is None:
+        if len(_GEMM_WORKSPACE) >= _GEMM_WORKSPACE_ENTRIES:
+            _GEMM_WORKSPACE.clear()
         size = _GEMM_WORKSPACE[key] = kernel.workspace_size(*args, None)
     return size
 

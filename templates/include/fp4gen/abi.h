@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 #include <cuda_runtime.h>
 
@@ -75,14 +76,20 @@ bool cached_occupancy(int device, int threads, size_t shared_bytes, int* per_sm)
 }
 
 // Raises kKernel's dynamic shared memory limit to at least `bytes` on the current device (kernels above 48 KB
-// must opt in; the attribute is per function and device, so it is set once per device, or again for more).
+// must opt in; the attribute is per function and device, so it is set once per device, or again for more). The
+// limit only ever rises, under a lock, so that a thread asking for less never lowers it under one that launches
+// with more.
 template <auto kKernel>
 cudaError_t opt_in_shared_bytes(int device, size_t bytes) {
   static std::atomic<size_t> granted[kMaxCachedDevices];
-  const bool cacheable = device >= 0 && device < kMaxCachedDevices;
-  if (cacheable && granted[device].load(std::memory_order_relaxed) >= bytes) return cudaSuccess;
+  static std::mutex raising;
+  if (device < 0 || device >= kMaxCachedDevices)
+    return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (granted[device].load(std::memory_order_acquire) >= bytes) return cudaSuccess;
+  const std::lock_guard<std::mutex> lock(raising);
+  if (granted[device].load(std::memory_order_relaxed) >= bytes) return cudaSuccess;
   const cudaError_t err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (err == cudaSuccess && cacheable) granted[device].store(bytes, std::memory_order_relaxed);
+  if (err == cudaSuccess) granted[device].store(bytes, std::memory_order_release);
   return err;
 }
 
