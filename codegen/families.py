@@ -124,6 +124,22 @@ _STOCHASTIC_EXCLUSION = (
     "gradients in 1x16 blocks (a rowwise block's two lanes share its random words); the quantize_options "
     "kernels take the rest")
 
+# The Hopper GEMMs that read the packed operands (gemm_fused_dequant, gemm_fused_wgmma) share one C ABI.
+_PACKED_GEMM_PARAMS = (
+    Param("a_codes", "const uint8_t*"),  # [M, K/2] packed E2M1, row stride lda bytes
+    Param("a_scale", "const uint8_t*"),  # [M, K/16] E4M3, row stride lda_scale bytes
+    Param("b_codes", "const uint8_t*"),  # [N, K/2]
+    Param("b_scale", "const uint8_t*"),  # [N, K/16]
+    *_GEMM_EPILOGUE_PARAMS,
+    Param("lda", "int64_t"),  # bytes
+    Param("lda_scale", "int64_t"),
+    Param("ldb", "int64_t"),
+    Param("ldb_scale", "int64_t"),
+    Param("split_k", "int64_t"),  # CTAs per output tile along K (>= 1); > 1 needs the workspace
+    *_GEMM_OUTPUT_PARAMS,
+)
+_PACKED_GEMM_ALIGNMENT = {"a_codes": 16, "b_codes": 16, "a_scale": 4, "b_scale": 4}
+
 FAMILIES = {
     "dequantize": Family(
         name="dequantize",
@@ -331,25 +347,31 @@ FAMILIES = {
             "fused_tile": TileTokens(tables.FUSED_GEMM_TILES),
             "arch": {"sm90a": "sm90a"},
         },
-        params=(
-            Param("a_codes", "const uint8_t*"),  # [M, K/2] packed E2M1, row stride lda bytes
-            Param("a_scale", "const uint8_t*"),  # [M, K/16] E4M3, row stride lda_scale bytes
-            Param("b_codes", "const uint8_t*"),  # [N, K/2]
-            Param("b_scale", "const uint8_t*"),  # [N, K/16]
-            *_GEMM_EPILOGUE_PARAMS,
-            Param("lda", "int64_t"),  # bytes
-            Param("lda_scale", "int64_t"),
-            Param("ldb", "int64_t"),
-            Param("ldb_scale", "int64_t"),
-            Param("split_k", "int64_t"),  # CTAs per output tile along K (>= 1); > 1 needs the workspace
-            *_GEMM_OUTPUT_PARAMS,
-        ),
+        params=_PACKED_GEMM_PARAMS,
         # whole 64-element k-tiles; cp.async moves 16-byte chunks of codes and 4-byte words of scales
         constraints={"cols_multiple_of": 64},
-        alignment={"a_codes": 16, "b_codes": 16, "a_scale": 4, "b_scale": 4},
+        alignment=_PACKED_GEMM_ALIGNMENT,
         excluded=((lambda values, facts: facts["tile_n"] % (64 if facts["tile_m"] < 32 else 32),
                    "four warps split the tile 1x4 below M = 32 (else 2x2) and a warp takes whole 16-column "
                    "steps: tile N must be a multiple of 64 (tile M 16) or 32"),),
+    ),
+    "gemm_fused_wgmma": Family(
+        name="gemm_fused_wgmma",
+        op="gemm",
+        description="Hopper D = A @ B.T read straight from the packed NVFP4 operands: codes and scales staged by "
+                    "cp.async, dequantized on chip to fp16 (exact) while asynchronous wgmma multiplies the "
+                    "previous k-tile, the bilateral amax epilogue",
+        template="gemm_fused_wgmma.cu.j2",
+        name_prefix="gemm_nvfp4_packed",
+        axes={
+            "out_dtype": _GEMM_OUT_DTYPES,
+            "packed_tile": TileTokens(tables.WGMMA_FUSED_GEMM_TILES),
+            "arch": {"sm90a": "sm90a"},
+        },
+        params=_PACKED_GEMM_PARAMS,
+        # whole 64-element k-tiles; cp.async moves 16-byte chunks of codes and 4-byte words of scales
+        constraints={"cols_multiple_of": 64},
+        alignment=_PACKED_GEMM_ALIGNMENT,
     ),
     "gemm_sm100": Family(
         name="gemm_sm100",

@@ -83,6 +83,12 @@ SM100_MMA_TILES = GemmTiles((128,), 64, 256, (256,), ("128x128x256", "128x256x25
 FUSED_GEMM_TILES = GemmTiles((16, 32, 64, 128), 64, 128, (64,), ("16x64x64", "64x64x64", "128x64x64"),
                              facts={"reads_packed_operands": True})
 
+# CTA tiles of the Hopper GEMM that reads the packed operands and multiplies with wgmma (gemm_fused_wgmma):
+# one warp group per 64 rows (at most two), wgmma N up to 256 in whole 64-row swizzle groups, 64-element
+# k-tiles. reads_packed_operands as above.
+WGMMA_FUSED_GEMM_TILES = GemmTiles((64, 128), 64, 256, (64,), ("128x256x64", "128x128x64", "64x128x64"),
+                                   facts={"reads_packed_operands": True, "packed_wgmma": True})
+
 # Hopper GEMM kernel schedules: two consumer warp groups sharing a tile (cooperative, needs tile M >= 128)
 # or alternating between tiles (pingpong).
 GEMM_SCHEDULES = {"cooperative": {"pingpong": False}, "pingpong": {"pingpong": True}}
@@ -113,6 +119,7 @@ AXIS_TABLES = {
     "tile": GEMM_TILES,
     "mma_tile": SM100_MMA_TILES,
     "fused_tile": FUSED_GEMM_TILES,
+    "packed_tile": WGMMA_FUSED_GEMM_TILES,
     "schedule": GEMM_SCHEDULES,
     "rounding": ROUNDINGS,
     "hadamard": HADAMARDS,

@@ -40,6 +40,22 @@ def test_select_reports_the_rule_a_problem_breaks():
         select(_problem(cols=40), MANIFEST)
 
 
+def test_forced_kernel_replaces_the_rule_for_its_operation_only(monkeypatch):
+    gemm = _problem(op="gemm", cols=4096, rows=4096, pointers={})
+    by_rule = select(gemm, MANIFEST)
+    other = next(name for name in _kernels("gemm") if name != by_rule and name.endswith("sm90a")
+                 and MANIFEST["kernels"][name]["torch_dtypes"]["out_dtype"] == "bfloat16")
+    monkeypatch.setenv("FP4GEN_KERNEL", f" {other} ,")
+    assert select(gemm, MANIFEST) == other
+    assert select(_problem(), MANIFEST) == NAME  # a dequantize problem: the forced GEMM does not apply
+    monkeypatch.setenv("FP4GEN_KERNEL", NAME)
+    with pytest.raises(ValueError, match=r"`data` 4-byte aligned, got address 0x1001"):  # its rules still hold
+        select(_problem(pointers={"data": 0x1001, "out": 0x2000}), MANIFEST)
+    monkeypatch.setenv("FP4GEN_KERNEL", "gemm_nvfp4_no_such_kernel")
+    with pytest.raises(ValueError, match=r"FP4GEN_KERNEL names gemm_nvfp4_no_such_kernel.*build\.py --list"):
+        select(gemm, MANIFEST)
+
+
 def _fresh_load(monkeypatch, directory, name=NAME):
     monkeypatch.setenv("FP4GEN_LIB_DIR", str(directory))
     library.load_kernel.cache_clear()
@@ -210,10 +226,11 @@ def test_built_hadamard_row_pass_library_checks_problems(name):
 def test_gemm_tile_choice_follows_m():
     def chosen(rows, cols=256):
         return select(_problem(op="gemm", rows=rows, cols=cols, pointers={}), MANIFEST)
-    # one row of fused tiles covers M up to 128: the smallest such tile
+    # up to M = 64 the smallest mma.sync tile that covers M; above, up to 128, the packed wgmma 128x128 tile
     assert chosen(1).endswith("fused_bf16out_t16x64x64_sm90a") and chosen(16).endswith("t16x64x64_sm90a")
-    assert chosen(17).endswith("fused_bf16out_t32x64x64_sm90a") and chosen(65).endswith("t128x64x64_sm90a")
-    assert chosen(128).endswith("fused_bf16out_t128x64x64_sm90a")
+    assert chosen(17).endswith("fused_bf16out_t32x64x64_sm90a") and chosen(64).endswith("fused_bf16out_t64x64x64_sm90a")
+    assert chosen(65).endswith("packed_bf16out_t128x128x64_sm90a")
+    assert chosen(128).endswith("packed_bf16out_t128x128x64_sm90a")
     # beyond, the wgmma tiles: the tallest no taller than M
     assert chosen(129).endswith("t128x256x64_coop_sm90a") and chosen(8192).endswith("t128x256x64_coop_sm90a")
     # the fused kernels take whole 64-element k-tiles; otherwise small M gets the 64-row wgmma tile
@@ -257,7 +274,7 @@ def test_built_blackwell_gemm_library_checks_problems(name):
 
 
 @needs_build
-@pytest.mark.parametrize("name", _kernels("gemm", "gemm_fused_dequant"))
+@pytest.mark.parametrize("name", _kernels("gemm", "gemm_fused_dequant") + _kernels("gemm", "gemm_fused_wgmma"))
 def test_built_fused_gemm_library_checks_problems(name):
     kernel = library.load_kernel(name)
     m, n, k = 100, 200, 128

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 
 import torch
 
@@ -12,7 +14,8 @@ from ..options import DEFAULT_OPTIONS, QuantizeOptions
 from ..swizzle import swizzle_scales
 from .library import load_kernel
 from .manifest import load_manifest
-from .select import Problem, declared, select, split_k
+from . import autotune
+from .select import Problem, declared, forced_kernels, select, split_k, viable
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -431,14 +434,111 @@ _GEMM_OPERANDS = {
     "gemm_sm90": _bf16_operands,
     "gemm_sm100": _blockscaled_operands,
     "gemm_fused_dequant": _packed_operands,
+    "gemm_fused_wgmma": _packed_operands,
 }
 
 
-def gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype):
-    """The kernel fp4gen.gemm runs for these operands (FP4GEN_PRINT_CONFIGS=1 prints its name)."""
+_GEMM_PLANS = {}  # (device, out dtype, M or its class, N, K, operand address residues) -> loaded kernel
+_TUNING_CACHES = {}  # device index -> autotune.TuningCache
+
+
+def _tuning_cache(device: torch.device) -> autotune.TuningCache:
+    cache = _TUNING_CACHES.get(device.index)
+    if cache is None:
+        kernels = autotune.kernel_set(load_manifest(), "gemm", _capability(device.index))
+        cache = _TUNING_CACHES[device.index] = autotune.TuningCache(
+            autotune.cache_dir(), torch.cuda.get_device_name(device.index), autotune.driver_version(), kernels)
+    return cache
+
+
+def _measuring_forbidden() -> bool:
+    """During CUDA-graph capture a timed launch would be captured, not run; under torch.compile tracing
+    nothing runs."""
+    return torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()
+
+
+def gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, measure: bool = False,
+                accumulate: bool = False):
+    """The kernel fp4gen.gemm runs for these operands: FP4GEN_KERNEL's if it names one, else the autotuner's
+    measured choice for their shape class (autotune.py), else the rule's (select.py). With measure=True (an
+    eager fp4gen.gemm call) a shape class seen for the first time is measured; otherwise the rule serves
+    until it is. FP4GEN_PRINT_CONFIGS=1 prints each choice."""
+    (m, k), n = a.shape, b.shape[0]
     pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
                 "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
-    return _kernel_for("gemm", a.device, {"out_dtype": out_dtype}, a.shape[1], pointers, rows=a.shape[0])
+    bucket = autotune.m_bucket(m)
+    # exact M up to 256, where the rule's tile choice depends on it; its class beyond
+    key = (a.device.index, out_dtype, m if m <= 256 else bucket, n, k, *(p % 16 for p in pointers.values()))
+    kernel = _GEMM_PLANS.get(key)
+    if kernel is not None:
+        return kernel
+    rule = _kernel_for("gemm", a.device, {"out_dtype": out_dtype}, k, pointers, rows=m)
+    if forced_kernels() or not autotune.enabled():
+        _GEMM_PLANS[key] = rule
+        return rule
+    cache = _tuning_cache(a.device)
+    shape_class = (f"gemm|{_dtype_name(out_dtype)}|m{bucket}|n{n}|k{k}|align"
+                   + ",".join(str(p % 16) for p in pointers.values()))
+    name = cache.get(shape_class)
+    if name is None:
+        if not measure or _measuring_forbidden():
+            return rule  # not remembered: an eager call measures it later
+        problem = _problem("gemm", a.device, {"out_dtype": out_dtype}, k, pointers, rows=m)
+        candidates = viable(problem, load_manifest())
+        name, times = autotune.choose(
+            candidates, lambda candidate: _time_gemm(load_kernel(candidate), a, b, out_dtype, accumulate))
+        cache.put(shape_class, name, times)
+        if os.environ.get("FP4GEN_PRINT_CONFIGS") == "1":
+            measured = ", ".join(f"{c} {t:.4f} ms" if t is not None else f"{c} failed" for c, t in times.items())
+            print(f"fp4gen: {problem.describe()} M class {bucket} N {n} K {k} -> {name} (measured: {measured})",
+                  file=sys.stderr)
+    kernel = _GEMM_PLANS[key] = load_kernel(name)
+    return kernel
+
+
+def _time_gemm(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, accumulate: bool) -> float:
+    """GPU milliseconds of one whole fp4gen.gemm call with `kernel`: its operand preparation (the scratch
+    dequantization of the wgmma family, the scale swizzle of the Blackwell one) and its launches, into a
+    scratch output (C = that output when accumulating). The calls are captured in a CUDA graph and
+    replayed, so host time does not count; best of three replays."""
+    device = a.device
+    into = torch.zeros(a.shape[0], b.shape[0], dtype=out_dtype, device=device) if accumulate else None
+
+    def call():
+        _, _, args, keep_alive = _gemm_launch(kernel, a, b, out_dtype, into, accumulate)
+        _launch(kernel, device, *args)
+        del keep_alive
+
+    with torch.cuda.device(device):
+        call()  # eagerly first: one-time setup, and any launch error comes out here
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        reps = max(1, min(32, int(1.0 / max(start.elapsed_time(end), 1e-3))))  # about a millisecond a replay
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        # capture_begin/end rather than torch.cuda.graph, which also collects garbage and empties the
+        # allocator's cache; thread-local, so other threads' CUDA calls are not disturbed
+        with torch.cuda.stream(stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                for _ in range(reps):
+                    call()
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
+        best = float("inf")
+        for _ in range(3):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / reps)
+        del graph
+    return best
 
 
 _GEMM_WORKSPACE = {}  # (kernel, device, m, n, k, operand strides) -> bytes
@@ -457,17 +557,15 @@ def _gemm_workspace_bytes(kernel, device_index: int, m: int, n: int, k: int, ope
     return size
 
 
-def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool):
-    """D = A @ B.T with the epilogue alpha * row_amax[i] * col_amax[j] (+ C = out when accumulating).
+def _gemm_launch(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool) -> tuple:
+    """(d, n_run, the launch arguments of `kernel` for D = A @ B.T (+ C = out when accumulating), tensors to
+    keep alive until the launch is queued).
 
-    The operands go in as the kernel family needs them: packed codes and scales for the fused Hopper GEMM
-    (small M), block-scaled bf16 scratch for the wgmma one, packed codes with swizzled scales for the
-    Blackwell one."""
+    The operands go in as the kernel family needs them: packed codes and scales for the Hopper GEMMs that
+    read them, block-scaled bf16 scratch for the wgmma one over scratch, packed codes with swizzled scales
+    for the Blackwell one."""
     (m, k), n = a.shape, b.shape[0]
     device = a.device
-    if m == 0 or n == 0:
-        return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=device)
-    kernel = gemm_kernel(a, b, out_dtype)
     operands = _GEMM_OPERANDS[kernel.family]
     # A kernel that needs D's rows aligned (a TMA epilogue: `d` in the manifest's alignment) needs N to be a
     # multiple of that many bytes of output: otherwise the GEMM runs on N rounded up, over zero rows of B
@@ -494,7 +592,20 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
             int(b.row_scaled))
     workspace_bytes = _gemm_workspace_bytes(kernel, device.index, m, n_run, k, operand_strides, args)
     workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device) if workspace_bytes else None
-    _launch(kernel, device, *args, workspace.data_ptr() if workspace is not None else None)
+    args += (workspace.data_ptr() if workspace is not None else None,)
+    return d, n_run, args, (scratch, col_amax, row_amax, workspace)
+
+
+def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool):
+    """D = A @ B.T with the epilogue alpha * row_amax[i] * col_amax[j] (+ C = out when accumulating), by the
+    kernel gemm_kernel chooses (measuring a new shape class first when autotuning)."""
+    (m, k), n = a.shape, b.shape[0]
+    if m == 0 or n == 0:
+        return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=a.device)
+    kernel = gemm_kernel(a, b, out_dtype, measure=True, accumulate=accumulate)
+    d, n_run, args, keep_alive = _gemm_launch(kernel, a, b, out_dtype, out, accumulate)
+    _launch(kernel, a.device, *args)
+    del keep_alive
     if out is None:
         return d if n_run == n else d[:, :n]
     if d is not out:

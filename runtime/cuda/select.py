@@ -37,20 +37,30 @@ def _rule_violations(kernel: dict, problem: Problem) -> list:
     return reasons
 
 
+# Up to this M the mma.sync kernels that read the packed operands beat the wgmma ones (H200, bench/RESULTS.md).
+PACKED_MMA_SYNC_MAX_ROWS = 64
+
+
 def _rank(kernel: dict, problem: Problem) -> tuple:
     """Smaller is better. GEMMs: first a kernel that reads the packed operands (reads_packed_operands) when
-    one row of its tiles covers M, the smallest such tile: B's codes are then read and dequantized once,
-    which is what bounds small-M GEMMs. Otherwise the wgmma tiles: the tallest no taller than M (at least
-    the smallest tile), so small M gets 64-row pingpong tiles instead of half-empty 128-row ones; then the
-    widest tile. Packed-operand kernels whose tiles do not cover M come last. Kernels without tile facts
-    rank by name only."""
+    one row of its tiles covers M, so B's codes are read and dequantized once, which is what bounds small-M
+    GEMMs: up to M = 64 the mma.sync kernels (gemm_fused_dequant), above it the wgmma ones
+    (gemm_fused_wgmma, packed_wgmma), each family's smallest covering tile, then the narrowest. Otherwise the
+    wgmma tiles over bf16 scratch: the tallest no taller than M (at least the smallest tile), so small M gets
+    64-row pingpong tiles instead of half-empty 128-row ones; then the widest tile. Packed-operand kernels
+    whose tiles do not cover M, or of the other family, come last. Kernels without tile facts rank by name
+    only. The rule follows measurements on the H200 (bench/RESULTS.md); the autotuner replaces it where it
+    has measured."""
     facts = kernel.get("facts", {})
     tile_m = facts.get("tile_m")
     if tile_m is None:
         return (0, 0, 0, 0, kernel["name"])
     if facts.get("reads_packed_operands"):
         covers = problem.rows <= tile_m
-        return (0 if covers else 2, 0, tile_m if covers else -tile_m, -facts["tile_n"], kernel["name"])
+        family_fits = facts.get("packed_wgmma", False) == (problem.rows > PACKED_MMA_SYNC_MAX_ROWS)
+        if covers and family_fits:
+            return (0, 0, tile_m, facts["tile_n"], kernel["name"])
+        return (2, 0, tile_m if covers else -tile_m, -facts["tile_n"], kernel["name"])
     fits = tile_m <= max(problem.rows, 64)
     return (1, 0 if fits else 1, -tile_m if fits else tile_m, -facts.get("tile_n", 0), kernel["name"])
 
@@ -63,26 +73,47 @@ def declared(problem: Problem, manifest: dict) -> list:
             and all(k["values"].get(axis) == v for axis, v in problem.values.items())]
 
 
+def forced_kernels() -> list:
+    """Kernel names in FP4GEN_KERNEL (comma-separated): for each problem, a listed kernel of its operation
+    replaces the rule's choice."""
+    return [name.strip() for name in os.environ.get("FP4GEN_KERNEL", "").split(",") if name.strip()]
+
+
 def select(problem: Problem, manifest: dict) -> str:
     """Filter the manifest by operation, arch, dtypes and spec values (declared), then by each kernel's rules,
-    and take the best by _rank.
+    and take the best by _rank, unless FP4GEN_KERNEL names a kernel that is declared for the problem.
 
     A problem no declared kernel covers is a BuildError (declare it in a spec); a declared kernel whose
-    rules the problem breaks is a ValueError naming the rule.
+    rules the problem breaks (a forced one included) is a ValueError naming the rule. A forced name that
+    no built kernel has is a ValueError too, so a typo does not pass silently.
     """
     candidates = declared(problem, manifest)
     if not candidates:
         raise BuildError(f"no kernel in the kernel manifest implements {problem.describe()}: declare it in a spec "
                          f"under codegen/specs/ and run {build_command()} (backend='reference' runs anywhere)")
+    forced = forced_kernels()
+    unknown = [name for name in forced if name not in manifest["kernels"]]
+    if unknown:
+        raise ValueError(f"FP4GEN_KERNEL names {', '.join(unknown)}, which the kernel manifest does not have "
+                         f"(python build.py --list lists the declared kernels)")
+    forced_here = [k for k in candidates if k["name"] in forced]
     reasons = []
-    for kernel in sorted(candidates, key=lambda k: _rank(k, problem)):
+    for kernel in forced_here or sorted(candidates, key=lambda k: _rank(k, problem)):
         violations = _rule_violations(kernel, problem)
         if not violations:
             if os.environ.get("FP4GEN_PRINT_CONFIGS") == "1":
-                print(f"fp4gen: {problem.describe()} -> {kernel['name']}", file=sys.stderr)
+                how = "forced by FP4GEN_KERNEL" if forced_here else "by rule"
+                print(f"fp4gen: {problem.describe()} -> {kernel['name']} ({how})", file=sys.stderr)
             return kernel["name"]
         reasons += violations
     raise ValueError(f"no kernel can take {problem.describe()}: " + "; ".join(reasons))
+
+
+def viable(problem: Problem, manifest: dict) -> list:
+    """The names of the declared kernels whose rules the problem meets, in the rule's order (the first is
+    what select() takes without FP4GEN_KERNEL): the autotuner's candidates."""
+    return [k["name"] for k in sorted(declared(problem, manifest), key=lambda k: _rank(k, problem))
+            if not _rule_violations(k, problem)]
 
 
 def split_k(tile_m: int, tile_n: int, m: int, n: int, k_tiles: int, multiprocessors: int) -> int:

@@ -1,10 +1,20 @@
 """fp4gen.gemm on the H200 against a float64 product of the dequantized operands."""
+import json
+
 import pytest
 import torch
 
 import fp4gen
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def rule_choices(monkeypatch):
+    """These tests check the deterministic rule's choices (and force kernels): no measured choices."""
+    from fp4gen.cuda import ops
+    monkeypatch.setenv("FP4GEN_AUTOTUNE", "0")
+    monkeypatch.setattr(ops, "_GEMM_PLANS", {})
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
@@ -129,14 +139,16 @@ def chosen_kernel(a, b, out_dtype):
     return gemm_kernel(a, b, out_dtype)
 
 
-@pytest.mark.parametrize("m,tile", [(5, "t16x64x64"), (20, "t32x64x64"), (50, "t64x64x64"), (100, "t128x64x64")])
+@pytest.mark.parametrize("m,family,tile", [(5, "gemm_fused_dequant", "t16x64x64"), (20, "gemm_fused_dequant", "t32x64x64"),
+                                           (50, "gemm_fused_dequant", "t64x64x64"),
+                                           (100, "gemm_fused_wgmma", "t128x128x64")])
 @pytest.mark.parametrize("n,k", [(1000, 192), (17, 1024), (64, 64)])
 @pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
-def test_fused_gemm_every_tile(m, tile, n, k, out_dtype, tol):
+def test_packed_gemm_rule_choice_per_m(m, family, tile, n, k, out_dtype, tol):
     for a_row, b_row in SCALES:
         a, b = operand(m, k, a_row, m + n), operand(n, k, b_row, k)
         kernel = chosen_kernel(a, b, out_dtype)
-        assert kernel.family == "gemm_fused_dequant" and tile in kernel.name
+        assert kernel.family == family and tile in kernel.name
         d = fp4gen.gemm(a, b, out_dtype=out_dtype)
         assert d.shape == (m, n) and d.stride() == (n, 1)  # no padded N for this family
         assert rel_err(d, dequantize_f64(a) @ dequantize_f64(b).t()) < tol
@@ -157,33 +169,146 @@ def test_fused_gemm_row_strided_operands_accumulate_and_nan():
     assert torch.isnan(d[7]).all() and not torch.isnan(d[torch.arange(48, device="cuda") != 7]).any()
 
 
-def test_fused_gemm_in_a_cuda_graph():
-    a, b = operand(64, 512, True, 23), operand(700, 512, True, 24)
-    assert chosen_kernel(a, b, torch.bfloat16).family == "gemm_fused_dequant"
+def gemm_replayed(a, b, new_a, **kwargs):
+    """fp4gen.gemm(a, b) captured in a CUDA graph on a side stream, then replayed with new_a's contents in
+    a's buffers: the replayed result."""
     static_a = fp4gen.NVFP4Data(a.data.clone(), a.scale.clone(), a.amax.clone())
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph):
-        d = fp4gen.gemm(static_a, b)
+        d = fp4gen.gemm(static_a, b, **kwargs)
     torch.cuda.current_stream().wait_stream(stream)
-    new = operand(64, 512, False, 25)
-    static_a.data.copy_(new.data), static_a.scale.copy_(new.scale), static_a.amax.copy_(new.amax)
+    static_a.data.copy_(new_a.data), static_a.scale.copy_(new_a.scale), static_a.amax.copy_(new_a.amax)
     graph.replay()
     torch.cuda.synchronize()
-    assert rel_err(d, dequantize_f64(new) @ dequantize_f64(b).t()) < 1e-2
+    return d
+
+
+def test_fused_gemm_in_a_cuda_graph():
+    a, b = operand(64, 512, True, 23), operand(700, 512, True, 24)
+    assert chosen_kernel(a, b, torch.bfloat16).family == "gemm_fused_dequant"
+    new = operand(64, 512, False, 25)
+    assert rel_err(gemm_replayed(a, b, new), dequantize_f64(new) @ dequantize_f64(b).t()) < 1e-2
 
 
 @pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
 def test_fused_gemm_split_k_is_right_and_deterministic(out_dtype, tol):
     from fp4gen.cuda.ops import _multiprocessors
     from fp4gen.cuda.select import split_k
-    a, b = operand(100, 2048, True, 26), operand(4096, 2048, False, 27)
+    a, b = operand(60, 2048, True, 26), operand(4096, 2048, False, 27)
     kernel = chosen_kernel(a, b, out_dtype)
-    splits = split_k(kernel.facts["tile_m"], kernel.facts["tile_n"], 100, 4096, 2048 // 64, _multiprocessors(0))
+    splits = split_k(kernel.facts["tile_m"], kernel.facts["tile_n"], 60, 4096, 2048 // 64, _multiprocessors(0))
     assert kernel.family == "gemm_fused_dequant" and splits > 1
-    base = torch.randn(100, 4096, device="cuda").to(out_dtype)
+    base = torch.randn(60, 4096, device="cuda").to(out_dtype)
     first = fp4gen.gemm(a, b, out=base.clone(), accumulate=True)
     second = fp4gen.gemm(a, b, out=base.clone(), accumulate=True)
     assert torch.equal(first, second)  # partial sums are added in a fixed order
     assert rel_err(first, dequantize_f64(a) @ dequantize_f64(b).t() + base.double()) < tol
+
+
+def packed_wgmma_kernels(out_dtype):
+    from fp4gen.cuda.manifest import load_manifest
+    token = {torch.bfloat16: "bf16out", torch.float32: "fp32out"}[out_dtype]
+    return sorted(name for name, k in load_manifest()["kernels"].items()
+                  if k["family"] == "gemm_fused_wgmma" and token in name and name.endswith("sm90a"))
+
+
+@pytest.fixture
+def force_kernel(monkeypatch):
+    """Forces a GEMM kernel by name (FP4GEN_KERNEL) with an empty plan cache, so the name really decides."""
+    from fp4gen.cuda import ops
+
+    def force(name):
+        monkeypatch.setenv("FP4GEN_KERNEL", name)
+        monkeypatch.setattr(ops, "_PLANS", {})
+        monkeypatch.setattr(ops, "_GEMM_PLANS", {})
+    return force
+
+
+@pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("m,n,k", [(1, 256, 128), (100, 264, 64), (200, 1000, 512), (333, 17, 192),
+                                   (1000, 1000, 1024), (4100, 3000, 2048), (64, 8192, 4096)])
+def test_packed_wgmma_gemm_every_tile(force_kernel, out_dtype, tol, m, n, k):
+    names = packed_wgmma_kernels(out_dtype)
+    assert names, "no gemm_fused_wgmma kernel built"
+    for a_row, b_row in SCALES:
+        a, b = operand(m, k, a_row, m + n), operand(n, k, b_row, k + 1)
+        ref = dequantize_f64(a) @ dequantize_f64(b).t()
+        for name in names:
+            force_kernel(name)
+            assert chosen_kernel(a, b, out_dtype).name == name
+            d = fp4gen.gemm(a, b, out_dtype=out_dtype)
+            assert d.shape == (m, n) and d.stride() == (n, 1)  # no padded N for this family
+            assert rel_err(d, ref) < tol, name
+
+
+@pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
+def test_packed_wgmma_gemm_accumulates_strided_operands_and_nan(force_kernel, out_dtype, tol):
+    wide_a, wide_b = operand(300, 1024, True, 31), operand(500, 1024, False, 32)
+    # the first 512 columns of each: row strides of 512 code bytes and 64 scale bytes
+    a = fp4gen.NVFP4Data(wide_a.data[:, :256], wide_a.scale[:, :32], wide_a.amax)
+    b = fp4gen.NVFP4Data(wide_b.data[:, :256], wide_b.scale[:, :32], wide_b.amax)
+    base = torch.randn(300, 500, device="cuda").to(out_dtype)
+    for name in packed_wgmma_kernels(out_dtype):
+        force_kernel(name)
+        out = base.clone()
+        fp4gen.gemm(a, b, out=out, accumulate=True)
+        assert rel_err(out, dequantize_f64(a) @ dequantize_f64(b).t() + base.double()) < tol, name
+        odd = torch.full((300, 499), float("nan"), device="cuda", dtype=out_dtype)  # odd row stride: no pair stores
+        b_odd = fp4gen.NVFP4Data(b.data[:499], b.scale[:499], b.amax)
+        fp4gen.gemm(a, b_odd, out=odd)
+        assert rel_err(odd, dequantize_f64(a) @ dequantize_f64(b_odd).t()) < tol, name
+    nan_a = fp4gen.NVFP4Data(a.data, a.scale, a.amax.clone())
+    nan_a.amax[7] = float("nan")
+    d = fp4gen.gemm(nan_a, b, out_dtype=out_dtype)
+    assert torch.isnan(d[7]).all() and not torch.isnan(d[torch.arange(300, device="cuda") != 7]).any()
+
+
+def test_packed_wgmma_gemm_split_k_and_cuda_graph(force_kernel):
+    from fp4gen.cuda.ops import _multiprocessors
+    from fp4gen.cuda.select import split_k
+    a, b = operand(64, 4096, True, 33), operand(2048, 4096, False, 34)
+    for name in packed_wgmma_kernels(torch.bfloat16):
+        force_kernel(name)
+        kernel = chosen_kernel(a, b, torch.bfloat16)
+        assert split_k(kernel.facts["tile_m"], kernel.facts["tile_n"], 64, 2048, 64, _multiprocessors(0)) > 1
+        first, second = fp4gen.gemm(a, b), fp4gen.gemm(a, b)
+        assert torch.equal(first, second)  # partial sums are added in a fixed order
+        assert rel_err(first, dequantize_f64(a) @ dequantize_f64(b).t()) < 1e-2, name
+        new = operand(64, 4096, False, 35)
+        assert rel_err(gemm_replayed(a, b, new), dequantize_f64(new) @ dequantize_f64(b).t()) < 1e-2, name
+
+
+def test_autotune_measures_once_per_shape_class_and_never_in_a_graph(monkeypatch, tmp_path):
+    from fp4gen.cuda import autotune, ops
+    monkeypatch.setenv("FP4GEN_AUTOTUNE", "1")
+    monkeypatch.setenv("FP4GEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(ops, "_TUNING_CACHES", {})
+    measured = []
+    real_time = ops._time_gemm
+
+    def counting(kernel, *args):
+        measured.append(kernel.name)
+        return real_time(kernel, *args)
+    monkeypatch.setattr(ops, "_time_gemm", counting)
+    a, b = operand(100, 1024, True, 40), operand(3000, 1024, False, 41)
+    ref = dequantize_f64(a) @ dequantize_f64(b).t()
+    # a new shape class met inside graph capture: the rule's kernel, nothing timed, nothing remembered
+    captured = gemm_replayed(a, b, a, out_dtype=torch.float32)
+    assert measured == [] and rel_err(captured, ref) < 1e-5
+    # the first eager call measures every kernel that can take the problem, then runs the fastest
+    d = fp4gen.gemm(a, b, out_dtype=torch.float32)
+    assert rel_err(d, ref) < 1e-5
+    (entry,) = json.loads(next((tmp_path / "autotune").glob("*.json")).read_text()).values()
+    assert sorted(measured) == sorted(entry["ms"]) and len(measured) >= 3
+    assert all(t is not None and t > 0 for t in entry["ms"].values())
+    assert chosen_kernel(a, b, torch.float32).name == entry["kernel"]
+    fastest = min(entry["ms"], key=entry["ms"].get)
+    assert entry["ms"][entry["kernel"]] <= entry["ms"][fastest] * (1 + autotune.MARGIN)
+    # the same class (M 65..128) is not measured again, and accumulating into out is right with the choice
+    out = torch.randn(120, 3000, device="cuda")
+    a120 = operand(120, 1024, True, 42)
+    ref120 = dequantize_f64(a120) @ dequantize_f64(b).t() + out.double()
+    fp4gen.gemm(a120, b, out=out, accumulate=True)
+    assert len(measured) == len(entry["ms"]) and rel_err(out, ref120) < 1e-5

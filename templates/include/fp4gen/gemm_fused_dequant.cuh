@@ -119,6 +119,89 @@ __device__ __forceinline__ void mma_f16_16816(float (&acc)[4], const uint32_t (&
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Copies k-tiles of the CTA's operands into stages: staged row r is A's row m0 + r for r < BM, else B's row
+// n0 + r - BM; a stage is [kRows x 32 bytes of codes | kRows x 4 bytes of scales]. Rows past M or N are
+// zero-filled, and zero codes with zero scales dequantize to 0. A thread copies the same rows in every
+// k-tile, so their addresses are worked out once, here, and a k-tile costs an add per copy.
+template <int BM, int kRows, int kThreads>
+struct PackedTileLoader {
+  static constexpr int kCodeCopies = (kRows * 2 + kThreads - 1) / kThreads;  // 16-byte chunks, two per row
+  static constexpr int kScaleCopies = (kRows + kThreads - 1) / kThreads;     // 4-byte words, one per row
+  const uint8_t* code_src[kCodeCopies];
+  const uint8_t* scale_src[kScaleCopies];
+  bool code_valid[kCodeCopies], scale_valid[kScaleCopies];
+
+  __device__ __forceinline__ PackedTileLoader(const Params& p, int64_t m0, int64_t n0, int k_first, int tid) {
+#pragma unroll
+    for (int j = 0; j < kCodeCopies; ++j) {
+      const int row = (tid + j * kThreads) >> 1, chunk = tid & 1;  // kThreads is even: the chunk is tid's
+      const bool is_a = row < BM;
+      const int64_t g = is_a ? m0 + row : n0 + (row - BM);
+      code_valid[j] = row < kRows && g < (is_a ? p.m : p.n);
+      code_src[j] = code_valid[j] ? (is_a ? p.a_codes + g * p.lda : p.b_codes + g * p.ldb) +
+                                        static_cast<int64_t>(k_first) * kCodeBytes + chunk * 16
+                                  : p.a_codes;
+    }
+#pragma unroll
+    for (int j = 0; j < kScaleCopies; ++j) {
+      const int row = tid + j * kThreads;
+      const bool is_a = row < BM;
+      const int64_t g = is_a ? m0 + row : n0 + (row - BM);
+      scale_valid[j] = row < kRows && g < (is_a ? p.m : p.n);
+      scale_src[j] = scale_valid[j] ? (is_a ? p.a_scale + g * p.lda_scale : p.b_scale + g * p.ldb_scale) +
+                                          static_cast<int64_t>(k_first) * kScaleBytes
+                                    : p.a_scale;
+    }
+  }
+
+  // k-tile k_first + kt into the stage at `codes`.
+  __device__ __forceinline__ void load(uint8_t* codes, int kt, int tid) const {
+    uint8_t* const scales = codes + kRows * kCodeBytes;
+#pragma unroll
+    for (int j = 0; j < kCodeCopies; ++j) {
+      if ((kRows * 2) % kThreads != 0 && tid + j * kThreads >= kRows * 2) break;
+      const int64_t offset = code_valid[j] ? static_cast<int64_t>(kt) * kCodeBytes : 0;
+      cp_async_16(codes + (tid + j * kThreads) * 16, code_src[j] + offset, code_valid[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kScaleCopies; ++j) {
+      if (kRows % kThreads != 0 && tid + j * kThreads >= kRows) break;
+      const int64_t offset = scale_valid[j] ? static_cast<int64_t>(kt) * kScaleBytes : 0;
+      cp_async_4(scales + (tid + j * kThreads) * kScaleBytes, scale_src[j] + offset, scale_valid[j]);
+    }
+  }
+};
+
+// Every staged 16-element block once into the fp16 tile [kRows][128 bytes] (half_tile_offset's swizzle):
+// two 16-byte chunks per block. Within a chunk the elements sit in decode8's order; A and B share it, so
+// the dot products are unchanged. Task i = tid + j * kThreads is block i % 4 of row i / 4: its codes at
+// byte 8i, its scale at byte i, and since kThreads / 4 rows is a multiple of 8, row % 8 (hence the swizzle)
+// is the same for every j: each address is one base plus a constant.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void dequantize_packed_k_tile(const uint8_t* codes, uint8_t* half_tile, int tid) {
+  static_assert(kThreads % 32 == 0, "a thread's rows keep their residue modulo 8");
+  const uint8_t* const scales = codes + kRows * kCodeBytes;
+  const uint32_t first_chunk = half_tile_offset(tid >> 2, 2 * (tid & 3));
+#pragma unroll
+  for (int j = 0; j < (kRows * 4 + kThreads - 1) / kThreads; ++j) {
+    const int i = tid + j * kThreads;
+    if ((kRows * 4) % kThreads != 0 && i >= kRows * 4) break;
+    const uint2 packed = *reinterpret_cast<const uint2*>(codes + 8 * i);
+    const __half2 scale = e4m3_to_half2(scales[i]);
+    uint32_t lo[4], hi[4];
+    decode8(packed.x, lo);
+    decode8(packed.y, hi);
+    uint4 first, second;
+    first.x = scale_pair(lo[0], scale), first.y = scale_pair(lo[1], scale);
+    first.z = scale_pair(lo[2], scale), first.w = scale_pair(lo[3], scale);
+    second.x = scale_pair(hi[0], scale), second.y = scale_pair(hi[1], scale);
+    second.z = scale_pair(hi[2], scale), second.w = scale_pair(hi[3], scale);
+    const uint32_t offset = first_chunk + j * (kThreads / 4) * kHalfRowBytes;
+    *reinterpret_cast<uint4*>(half_tile + offset) = first;
+    *reinterpret_cast<uint4*>(half_tile + (offset ^ 16)) = second;  // chunk 2 * block + 1
+  }
+}
+
 template <class OutT>
 __device__ __forceinline__ float load_output(const void* base, int64_t index) {
   return static_cast<float>(static_cast<const OutT*>(base)[index]);
@@ -136,12 +219,16 @@ __device__ __forceinline__ void store_output(void* base, int64_t index, float va
 // The epilogue of one output element, in the order of the wgmma family's visitor tree
 // (bilateral_epilogue.hpp); `acc` is the plain NVFP4 dot product.
 template <class OutT>
-__device__ __forceinline__ void store_epilogue(const Params& p, int64_t row, int64_t col, float acc) {
+__device__ __forceinline__ float epilogue_value(const Params& p, int64_t row, int64_t col, float acc) {
   const float row_amax = p.row_amax[p.row_is_vector ? row : 0];
   const float col_amax = p.col_amax[p.col_is_vector ? col : 0];
-  float v = __fmul_rn(p.alpha, __fmul_rn(row_amax, __fmul_rn(col_amax, acc)));
-  if (p.beta != 0.0f) v = __fmaf_rn(p.beta, load_output<OutT>(p.c, row * p.ldc + col), v);
-  store_output<OutT>(p.d, row * p.ldd + col, v);
+  const float v = __fmul_rn(p.alpha, __fmul_rn(row_amax, __fmul_rn(col_amax, acc)));
+  return p.beta != 0.0f ? __fmaf_rn(p.beta, load_output<OutT>(p.c, row * p.ldc + col), v) : v;
+}
+
+template <class OutT>
+__device__ __forceinline__ void store_epilogue(const Params& p, int64_t row, int64_t col, float acc) {
+  store_output<OutT>(p.d, row * p.ldd + col, epilogue_value<OutT>(p, row, col, acc));
 }
 
 template <int BM, int BN, class OutT>
@@ -159,59 +246,10 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
   const int k_first = static_cast<int>(static_cast<int64_t>(all_k_tiles) * blockIdx.z / p.split_k);
   const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (blockIdx.z + 1) / p.split_k) - k_first;
 
-  // Staged row r: A row m0 + r for r < BM, else B row n0 + r - BM; rows past M or N are zero-filled, and
-  // zero codes with zero scales dequantize to 0.
-  auto stage_k_tile = [&](int kt, int slot) {
-    uint8_t* const codes = stages + slot * T::kStageBytes;
-    uint8_t* const scales = codes + T::kRows * kCodeBytes;
-#pragma unroll
-    for (int j = 0; j < (T::kRows * 2 + kThreads - 1) / kThreads; ++j) {  // two 16-byte chunks of codes per row
-      const int i = tid + j * kThreads;
-      if (i >= T::kRows * 2) break;
-      const int row = i >> 1, chunk = i & 1;
-      const bool is_a = row < BM;
-      const int64_t g = is_a ? m0 + row : n0 + (row - BM);
-      const bool valid = g < (is_a ? p.m : p.n);
-      const uint8_t* src =
-          (is_a ? p.a_codes + g * p.lda : p.b_codes + g * p.ldb) + (k_first + kt) * kCodeBytes + chunk * 16;
-      cp_async_16(codes + row * kCodeBytes + chunk * 16, valid ? src : p.a_codes, valid);
-    }
-#pragma unroll
-    for (int j = 0; j < (T::kRows + kThreads - 1) / kThreads; ++j) {  // one 4-byte word of scales per row
-      const int row = tid + j * kThreads;
-      if (row >= T::kRows) break;
-      const bool is_a = row < BM;
-      const int64_t g = is_a ? m0 + row : n0 + (row - BM);
-      const bool valid = g < (is_a ? p.m : p.n);
-      const uint8_t* src =
-          (is_a ? p.a_scale + g * p.lda_scale : p.b_scale + g * p.ldb_scale) + (k_first + kt) * kScaleBytes;
-      cp_async_4(scales + row * kScaleBytes, valid ? src : p.a_scale, valid);
-    }
-  };
-
-  // Every staged 16-element block once into the fp16 tile: two 16-byte chunks per block. Within a chunk
-  // the elements sit in decode8's order; A and B share it, so the dot products are unchanged.
+  const PackedTileLoader<BM, T::kRows, kThreads> loader(p, m0, n0, k_first, tid);
+  auto stage_k_tile = [&](int kt, int slot) { loader.load(stages + slot * T::kStageBytes, kt, tid); };
   auto dequantize_k_tile = [&](int slot, uint8_t* half_tile) {
-    const uint8_t* const codes = stages + slot * T::kStageBytes;
-    const uint8_t* const scales = codes + T::kRows * kCodeBytes;
-#pragma unroll
-    for (int j = 0; j < (T::kRows * 4 + kThreads - 1) / kThreads; ++j) {
-      const int i = tid + j * kThreads;
-      if (i >= T::kRows * 4) break;
-      const int row = i >> 2, block = i & 3;
-      const uint2 packed = *reinterpret_cast<const uint2*>(codes + row * kCodeBytes + block * 8);
-      const __half2 scale = e4m3_to_half2(scales[row * kScaleBytes + block]);
-      uint32_t lo[4], hi[4];
-      decode8(packed.x, lo);
-      decode8(packed.y, hi);
-      uint4 first, second;
-      first.x = scale_pair(lo[0], scale), first.y = scale_pair(lo[1], scale);
-      first.z = scale_pair(lo[2], scale), first.w = scale_pair(lo[3], scale);
-      second.x = scale_pair(hi[0], scale), second.y = scale_pair(hi[1], scale);
-      second.z = scale_pair(hi[2], scale), second.w = scale_pair(hi[3], scale);
-      *reinterpret_cast<uint4*>(half_tile + half_tile_offset(row, 2 * block)) = first;
-      *reinterpret_cast<uint4*>(half_tile + half_tile_offset(row, 2 * block + 1)) = second;
-    }
+    dequantize_packed_k_tile<T::kRows, kThreads>(stages + slot * T::kStageBytes, half_tile, tid);
   };
 
   const int warp_m = warp / T::kWarpsN, warp_n = warp % T::kWarpsN;
@@ -336,19 +374,22 @@ int fused_gemm_can_implement(FP4GEN_FUSED_GEMM_PARAMS) {
   return kOk;
 }
 
-template <int BM, int BN, class OutT>
-int fused_gemm_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
-  const int status = fused_gemm_can_implement<BM, BN>(a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax,
-                                                      alpha, beta, m, n, k, lda, lda_scale, ldb, ldb_scale, split_k,
-                                                      ldc, ldd, row_is_vector, col_is_vector, workspace);
+// The parameters above, as arguments.
+#define FP4GEN_FUSED_GEMM_ARGS                                                                                \
+  a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, lda_scale, ldb,     \
+      ldb_scale, split_k, ldc, ldd, row_is_vector, col_is_vector, workspace
+
+// Checks the problem and launches kKernel, a GEMM over the packed operands with BM x BN tiles, kThreads
+// threads and kSmemBytes of dynamic shared memory (and, with split K, the kernel that adds the partial sums).
+template <int BM, int BN, class OutT, auto kKernel, int kThreads, int kSmemBytes>
+int launch_packed_gemm(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
+  const int status = fused_gemm_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
-  using T = fused_gemm::Tile<BM, BN>;
-  constexpr auto kernel = fused_gemm::gemm_kernel<BM, BN, OutT>;
   // above 48 KB of dynamic shared memory a kernel must opt in (a per-function attribute, not a stream op)
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = opt_in_shared_bytes<kernel>(device, T::kSmemBytes);
+  if (err == cudaSuccess) err = opt_in_shared_bytes<kKernel>(device, kSmemBytes);
   if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
   const fused_gemm::Params params{a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, alpha, beta,
                                   m, n, k, lda, lda_scale, ldb, ldb_scale, ldc, ldd,
@@ -356,12 +397,18 @@ int fused_gemm_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
                                   static_cast<float*>(workspace)};
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
                   static_cast<unsigned>(split_k));
-  kernel<<<grid, fused_gemm::kThreads, T::kSmemBytes, stream>>>(params);
+  kKernel<<<grid, kThreads, kSmemBytes, stream>>>(params);
   if (split_k > 1) {
     const int64_t blocks = std::min<int64_t>((m * n + 255) / 256, 4096);  // grid-stride beyond
     fused_gemm::split_k_epilogue_kernel<OutT><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(params);
   }
   return launch_status();
+}
+
+template <int BM, int BN, class OutT>
+int fused_gemm_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
+  return launch_packed_gemm<BM, BN, OutT, fused_gemm::gemm_kernel<BM, BN, OutT>, fused_gemm::kThreads,
+                            fused_gemm::Tile<BM, BN>::kSmemBytes>(FP4GEN_FUSED_GEMM_ARGS, stream);
 }
 
 }  // namespace fp4gen
