@@ -72,6 +72,7 @@ _GEMM_EPILOGUE_PARAMS = (
     Param("d", "void*"),  # [M, N], row stride ldd
     Param("row_amax", "const float*"),  # [M] or [1]: a's amax
     Param("col_amax", "const float*"),  # [N] or [1]: b's amax
+    Param("bias", "const float*"),  # [N] fp32 added to every row before rounding, or null
     Param("alpha", "float"),  # fl(1 / 2688^2)
     Param("beta", "float"),  # 0, or 1 to accumulate into C
     Param("m", "int64_t"),

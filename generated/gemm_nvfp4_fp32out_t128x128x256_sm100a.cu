@@ -5,12 +5,12 @@
 
 using G = fp4gen::Sm100BilateralGemm<float, 128, 128, 256>;
 
-FP4GEN_EXPORT int gemm_nvfp4_fp32out_t128x128x256_sm100a_can_implement(const void* a, const void* b, const void* sfa, const void* sfb, const void* c, void* d, const float* row_amax, const float* col_amax, float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace) {
-  return fp4gen::gemm_blockscaled_can_implement<G>(a, b, sfa, sfb, c, d, row_amax, col_amax, alpha, beta, m, n, k, ldc, ldd, row_is_vector, col_is_vector, workspace);
+FP4GEN_EXPORT int gemm_nvfp4_fp32out_t128x128x256_sm100a_can_implement(const void* a, const void* b, const void* sfa, const void* sfb, const void* c, void* d, const float* row_amax, const float* col_amax, const float* bias, float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace) {
+  return fp4gen::gemm_blockscaled_can_implement<G>(a, b, sfa, sfb, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, ldc, ldd, row_is_vector, col_is_vector, workspace);
 }
 
-FP4GEN_EXPORT size_t gemm_nvfp4_fp32out_t128x128x256_sm100a_workspace_size(const void* a, const void* b, const void* sfa, const void* sfb, const void* c, void* d, const float* row_amax, const float* col_amax, float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace) { return fp4gen::gemm_blockscaled_workspace_size<G>(a, b, sfa, sfb, c, d, row_amax, col_amax, alpha, beta, m, n, k, ldc, ldd, row_is_vector, col_is_vector, workspace); }
+FP4GEN_EXPORT size_t gemm_nvfp4_fp32out_t128x128x256_sm100a_workspace_size(const void* a, const void* b, const void* sfa, const void* sfb, const void* c, void* d, const float* row_amax, const float* col_amax, const float* bias, float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace) { return fp4gen::gemm_blockscaled_workspace_size<G>(a, b, sfa, sfb, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, ldc, ldd, row_is_vector, col_is_vector, workspace); }
 
-FP4GEN_EXPORT int gemm_nvfp4_fp32out_t128x128x256_sm100a_run(const void* a, const void* b, const void* sfa, const void* sfb, const void* c, void* d, const float* row_amax, const float* col_amax, float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace, cudaStream_t stream) {
-  return fp4gen::gemm_blockscaled_run<G>(a, b, sfa, sfb, c, d, row_amax, col_amax, alpha, beta, m, n, k, ldc, ldd, row_is_vector, col_is_vector, workspace, stream);
+FP4GEN_EXPORT int gemm_nvfp4_fp32out_t128x128x256_sm100a_run(const void* a, const void* b, const void* sfa, const void* sfb, const void* c, void* d, const float* row_amax, const float* col_amax, const float* bias, float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace, cudaStream_t stream) {
+  return fp4gen::gemm_blockscaled_run<G>(a, b, sfa, sfb, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, ldc, ldd, row_is_vector, col_is_vector, workspace, stream);
 }

@@ -151,12 +151,13 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype = torch.bfloat16,
 
 
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
-         accumulate: bool = False, backend: str | None = None) -> torch.Tensor:
+         accumulate: bool = False, backend: str | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """D = A @ B.T for K-major NVFP4 operands a [M, K] and b [N, K], with the bilateral scale
     D[i, j] = acc[i, j] * (a.amax[i or 0] / 2688) * (b.amax[j or 0] / 2688) applied in the epilogue.
 
     out_dtype defaults to out.dtype when `out` is given, else bfloat16. accumulate=True adds D into
-    `out` (for fp32 main-grad accumulation) and returns it.
+    `out` (for fp32 main-grad accumulation) and returns it. bias, a vector of N floats (any float dtype,
+    taken as its fp32 value), is added to every row in the epilogue, before the one rounding to out_dtype.
     """
     a = _require_operand("a", a)
     b = _require_operand("b", b)
@@ -183,6 +184,15 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype | None = None, out: 
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     if out_dtype not in GEMM_OUT_DTYPES:
         raise TypeError(f"out_dtype is {out_dtype}; fp4gen.gemm produces {dtype_names(GEMM_OUT_DTYPES)}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if not bias.is_floating_point():
+            raise TypeError(f"bias.dtype is {bias.dtype}; it must be a floating-point dtype")
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"bias has shape {tuple(bias.shape)}; for b [{n}, {k}] it must be [{n}]")
+        if bias.device != a.device:
+            raise ValueError(f"bias is on {bias.device} but the operands are on {a.device}")
     name = choose_backend(a.device, backend)
     impl = reference if name == "reference" else _cuda_backend()
-    return impl.gemm(a, b, out_dtype, out, accumulate)
+    return impl.gemm(a, b, out_dtype, out, accumulate, bias)

@@ -73,12 +73,11 @@ class _NVFP4LinearFunction(torch.autograd.Function):
                          x_four_over_six, _no_rng(x2d))
         x_e4m3_max = e4m3_max_of(x_four_over_six)
         w_e4m3_max = e4m3_max_of(recipe.weight_four_over_six)
-        y = ops.gemm(*q[:3], *w_row, GEMM_OUT[x2d.dtype], x_e4m3_max, w_e4m3_max)
-        if bias is not None:
-            # PyTorch adds 16-bit tensors in fp32 and rounds once, so this is the fp32 sum rounded to the
-            # output dtype, without materializing an fp32 copy of Y. Under autocast an fp32 bias is first
-            # rounded to the compute dtype, as torch.nn.Linear's autocast cast does.
-            y = y + bias.to(y.dtype)
+        # The bias is added in the GEMM's epilogue, in fp32 before Y's one rounding (no pass over Y). Under
+        # autocast an fp32 bias is first rounded to the compute dtype, as torch.nn.Linear's autocast cast does.
+        y_dtype = GEMM_OUT[x2d.dtype]
+        y = ops.gemm(*q[:3], *w_row, y_dtype, x_e4m3_max, w_e4m3_max,
+                     bias.to(y_dtype) if bias is not None else None)
         # Convert only when needed: a no-op .to() returns its input, and PyTorch 2.11's compile of an
         # autograd.Function whose output aliases an intermediate sends the gradient to the wrong output
         # (zero weight gradients; pytorch/pytorch#180642).

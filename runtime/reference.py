@@ -236,14 +236,17 @@ def bilateral_scale(operand: NVFP4Data) -> torch.Tensor:
 
 
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out: torch.Tensor | None,
-         accumulate: bool) -> torch.Tensor:
-    """D[i, j] = fl(fl(acc[i, j] * col_scale[j]) * row_scale[i]) (+ out when accumulating).
+         accumulate: bool, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """D[i, j] = fl(fl(fl(acc[i, j] * col_scale[j]) * row_scale[i]) + bias[j]) (+ out when accumulating),
+    rounded once to out_dtype at the end.
 
     acc is the block-scaled product sum_k A[i,k] B[j,k], accumulated here in float64 and rounded once
     to fp32 (the GPU kernels accumulate in fp32 in their own order, so GEMMs are compared, not bit-matched).
     """
     acc = (block_scaled_values(a).double() @ block_scaled_values(b).double().t()).float()
     d = (acc * bilateral_scale(b).reshape(1, -1)) * bilateral_scale(a).reshape(-1, 1)
+    if bias is not None:
+        d = d + bias.to(device=d.device, dtype=torch.float32).reshape(1, -1)
     if accumulate:
         d = d + out.float()
     d = d.to(out_dtype)

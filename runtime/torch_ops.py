@@ -61,25 +61,27 @@ def _(x, scaling, block, rowwise, columnwise, rounding, hadamard, four_over_six,
     return (*row, *col)
 
 
-def _gemm_with(operand, a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max):
+def _gemm_with(operand, a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max,
+               bias=None):
     """The gemm op's body, its operands built by `operand` (NVFP4Data, which checks them, or
-    NVFP4Data._made_by_fp4gen for fp4gen.nn's own triples)."""
+    NVFP4Data._made_by_fp4gen for fp4gen.nn's own triples); bias (or None) added in the epilogue."""
     d = api.gemm(operand(a_data, a_scale, a_amax, a_e4m3_max), operand(b_data, b_scale, b_amax, b_e4m3_max),
-                 out_dtype=out_dtype)
+                 out_dtype=out_dtype, bias=bias)
     return d.contiguous()  # a padded-N CUDA result is a strided view; the fake promises a dense tensor
 
 
 def _gemm(a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, b_data: torch.Tensor,
           b_scale: torch.Tensor, b_amax: torch.Tensor, out_dtype: torch.dtype, a_e4m3_max: float,
-          b_e4m3_max: float) -> torch.Tensor:
-    return _gemm_with(NVFP4Data, a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max)
+          b_e4m3_max: float, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _gemm_with(NVFP4Data, a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max,
+                      bias)
 
 
 gemm = torch.library.custom_op("fp4gen::gemm", mutates_args=())(_gemm)
 
 
 @gemm.register_fake
-def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max):
+def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max, bias=None):
     return a_data.new_empty(a_data.shape[0], b_data.shape[0], dtype=out_dtype)
 
 

@@ -236,3 +236,22 @@ def test_gemm_nan_row_stays_nan():
     b = _random_operand(8, 32, False, 3)
     d = fp4gen.gemm(a, b, out_dtype=torch.float32)
     assert torch.isnan(d[2]).all() and not torch.isnan(d[torch.arange(16) != 2]).any()
+
+
+def test_gemm_bias_is_added_in_fp32_before_the_one_rounding():
+    torch.manual_seed(3)
+    a = fp4gen.quantize(torch.randn(8, 64), scaling="row", columnwise=False).rowwise
+    b = fp4gen.quantize(torch.randn(24, 64), scaling="tensor", columnwise=False).rowwise
+    bias = torch.randn(24)
+    plain = fp4gen.gemm(a, b, out_dtype=torch.float32)
+    with_bias = fp4gen.gemm(a, b, out_dtype=torch.float32, bias=bias)
+    assert torch.equal(with_bias, plain + bias)  # one fp32 addition
+    rounded = fp4gen.gemm(a, b, out_dtype=torch.bfloat16, bias=bias.bfloat16())
+    assert torch.equal(rounded, (plain + bias.bfloat16().float()).bfloat16())
+    out = torch.randn(8, 24)
+    expected = (out + (plain + bias)).clone()
+    assert torch.equal(fp4gen.gemm(a, b, out=out, accumulate=True, bias=bias), expected)
+    with pytest.raises(ValueError, match=r"bias has shape \(23,\); for b \[24, 64\] it must be \[24\]"):
+        fp4gen.gemm(a, b, bias=bias[:23])
+    with pytest.raises(TypeError, match="bias.dtype is torch.int64"):
+        fp4gen.gemm(a, b, bias=torch.zeros(24, dtype=torch.int64))

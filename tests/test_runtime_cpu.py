@@ -260,17 +260,28 @@ def test_blackwell_gemm_is_chosen_on_compute_capability_10():
         select(_problem(op="gemm", compute_capability=(10, 0), rows=64, cols=48, pointers={}), MANIFEST)
 
 
+def _gemm_args(name, **values):
+    """A GEMM kernel's C arguments in its ABI's order (the manifest's params), from their names; the
+    workspace (and any argument not given) is None."""
+    return tuple(values.get(param, None) for param, _, _ in MANIFEST["kernels"][name]["params"])
+
+
+_GEMM_EPILOGUE = dict(c=0x50000, d=0x50000, row_amax=0x60000, col_amax=0x70000, bias=None, alpha=1.0, beta=0.0,
+                      row_is_vector=1, col_is_vector=0)
+
+
 @needs_build
 @pytest.mark.parametrize("name", _kernels("gemm", "gemm_sm100"))
 def test_built_blackwell_gemm_library_checks_problems(name):
     kernel = library.load_kernel(name)
     m, n, k = 256, 256, 512
-    ok = (0x10000, 0x20000, 0x28000, 0x2c000, 0x30000, 0x30000, 0x40000, 0x50000, 1.0, 0.0, m, n, k, n, n, 1, 0,
-          None)
-    assert kernel.can_implement(*ok) == 0
-    assert kernel.can_implement(*ok[:5], 0x30008, *ok[6:]) == 2  # d not 16-byte aligned
-    assert kernel.can_implement(*ok[:12], 48, *ok[13:]) == 1  # K not a multiple of 32
-    assert kernel.can_implement(*ok[:2], None, *ok[3:]) == 1  # no scales
+    ok = dict(_GEMM_EPILOGUE, a=0x10000, b=0x20000, sfa=0x28000, sfb=0x2c000, m=m, n=n, k=k, ldc=n, ldd=n)
+    assert kernel.can_implement(*_gemm_args(name, **ok)) == 0
+    assert kernel.can_implement(*_gemm_args(name, **{**ok, "bias": 0x80000})) == 0
+    assert kernel.can_implement(*_gemm_args(name, **{**ok, "d": 0x50008})) == 2  # d not 16-byte aligned
+    assert kernel.can_implement(*_gemm_args(name, **{**ok, "bias": 0x80004})) == 2  # bias not 16-byte aligned
+    assert kernel.can_implement(*_gemm_args(name, **{**ok, "k": 48})) == 1  # K not a multiple of 32
+    assert kernel.can_implement(*_gemm_args(name, **{**ok, "sfa": None})) == 1  # no scales
 
 
 @needs_build
@@ -278,19 +289,22 @@ def test_built_blackwell_gemm_library_checks_problems(name):
 def test_built_fused_gemm_library_checks_problems(name):
     kernel = library.load_kernel(name)
     m, n, k = 100, 200, 128
-    ok = (0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x50000, 0x60000, 0x70000, 1.0, 0.0, m, n, k, k // 2, k // 16,
-          k // 2, k // 16, 1, n, n, 1, 0, None)
-    assert kernel.can_implement(*ok) == 0 and kernel.workspace_size(*ok) == 0
-    split = ok[:17] + (2,) + ok[18:22] + (0x80000,)
-    assert kernel.can_implement(*split) == 0 and kernel.workspace_size(*split) == 2 * m * n * 4
-    assert kernel.can_implement(*split[:22], None) == 1  # split K without a workspace for the partial sums
-    assert kernel.can_implement(*ok[:17], 3, *ok[18:]) == 1  # more splits than the 2 k-tiles
-    assert kernel.can_implement(0x10008, *ok[1:]) == 2  # codes not 16-byte aligned
-    assert kernel.can_implement(*ok[:3], 0x40002, *ok[4:]) == 2  # scales not 4-byte aligned
-    assert kernel.can_implement(*ok[:13], 72, *ok[14:]) == 2  # code rows of 72 bytes break 16-byte chunks
-    assert kernel.can_implement(*ok[:12], 96, *ok[13:]) == 1  # K not a multiple of 64
-    assert kernel.can_implement(*ok[:6], None, *ok[7:]) == 1  # no row amax
-    assert kernel.can_implement(*ok[:4], None, *ok[5:9], 1.0, *ok[10:]) == 1  # accumulate without C
+    ok = dict(_GEMM_EPILOGUE, a_codes=0x10000, a_scale=0x20000, b_codes=0x30000, b_scale=0x40000, m=m, n=n, k=k,
+              lda=k // 2, lda_scale=k // 16, ldb=k // 2, ldb_scale=k // 16, split_k=1, ldc=n, ldd=n)
+
+    def check(**changes):
+        args = _gemm_args(name, **{**ok, **changes})
+        return kernel.can_implement(*args), kernel.workspace_size(*args)
+    assert check() == (0, 0) and check(bias=0x80004)[0] == 0  # the bias is read one float at a time
+    assert check(split_k=2, workspace=0x90000) == (0, 2 * m * n * 4)
+    assert check(split_k=2)[0] == 1  # split K without a workspace for the partial sums
+    assert check(split_k=3)[0] == 1  # more splits than the 2 k-tiles
+    assert check(a_codes=0x10008)[0] == 2  # codes not 16-byte aligned
+    assert check(b_scale=0x40002)[0] == 2  # scales not 4-byte aligned
+    assert check(ldb=72)[0] == 2  # code rows of 72 bytes break 16-byte chunks
+    assert check(k=96)[0] == 1  # K not a multiple of 64
+    assert check(row_amax=None)[0] == 1  # no row amax
+    assert check(c=None, beta=1.0)[0] == 1  # accumulate without C
 
 
 @needs_build
@@ -298,11 +312,13 @@ def test_built_fused_gemm_library_checks_problems(name):
 def test_built_gemm_library_checks_problems(name):
     kernel = library.load_kernel(name)
     m, n, k = 128, 256, 64
-    ok = (0x10000, 0x20000, 0x30000, 0x30000, 0x40000, 0x50000, 1.0, 0.0, m, n, k, k, k, n, n, 1, 0, None)
-    assert kernel.can_implement(*ok) == 0
-    assert kernel.can_implement(*ok[:3], 0x30008, *ok[4:]) == 2  # d not 16-byte aligned
-    assert kernel.can_implement(*ok[:10], 40, *ok[11:]) == 1  # K not a multiple of 16
-    assert kernel.can_implement(*ok[:4], None, *ok[5:]) == 1  # no row amax
+    ok = dict(_GEMM_EPILOGUE, a=0x10000, b=0x20000, c=0x30000, d=0x30000, m=m, n=n, k=k, lda=k, ldb=k, ldc=n, ldd=n)
+    assert kernel.can_implement(*_gemm_args(name, **ok)) == 0
+    assert kernel.can_implement(*_gemm_args(name, **{**ok, "bias": 0x80000})) == 0
+    assert kernel.can_implement(*_gemm_args(name, **{**ok, "d": 0x30008})) == 2  # d not 16-byte aligned
+    assert kernel.can_implement(*_gemm_args(name, **{**ok, "bias": 0x80004})) == 2  # bias not 16-byte aligned
+    assert kernel.can_implement(*_gemm_args(name, **{**ok, "k": 40})) == 1  # K not a multiple of 16
+    assert kernel.can_implement(*_gemm_args(name, **{**ok, "row_amax": None})) == 1  # no row amax
 
 
 def test_quantize_of_cpu_tensor_with_backend_cuda_is_refused():

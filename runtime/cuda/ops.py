@@ -557,9 +557,10 @@ def _gemm_workspace_bytes(kernel, device_index: int, m: int, n: int, k: int, ope
     return size
 
 
-def _gemm_launch(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool) -> tuple:
-    """(d, n_run, the launch arguments of `kernel` for D = A @ B.T (+ C = out when accumulating), tensors to
-    keep alive until the launch is queued).
+def _gemm_launch(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool,
+                 bias=None) -> tuple:
+    """(d, n_run, the launch arguments of `kernel` for D = A @ B.T (+ bias) (+ C = out when accumulating),
+    tensors to keep alive until the launch is queued).
 
     The operands go in as the kernel family needs them: packed codes and scales for the Hopper GEMMs that
     read them, block-scaled bf16 scratch for the wgmma one over scratch, packed codes with swizzled scales
@@ -579,6 +580,13 @@ def _gemm_launch(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out
     col_amax = b.amax.contiguous()
     if b.row_scaled and n_run != n:
         col_amax = torch.cat([col_amax, col_amax.new_ones(n_run - n)])
+    if bias is not None:
+        # the kernels take fp32, 16-byte aligned, n_run entries (the padded columns are dropped anyway)
+        bias = bias.to(torch.float32).contiguous()
+        if n_run != n:
+            bias = torch.cat([bias, bias.new_zeros(n_run - n)])
+        elif bias.data_ptr() % 16:
+            bias = bias.clone()
     if (n_run == n and out is not None and out.stride(1) == 1 and
             (not pads_n or (out.stride(0) % align == 0 and out.data_ptr() % d_alignment == 0))):
         d = out
@@ -587,23 +595,23 @@ def _gemm_launch(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out
         if accumulate:
             d[:, :n].copy_(out)
     row_amax = a.amax.contiguous()
-    args = (*operand_ptrs, d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(), gemm_alpha(a, b),
-            1.0 if accumulate else 0.0, m, n_run, k, *operand_strides, d.stride(0), d.stride(0), int(a.row_scaled),
-            int(b.row_scaled))
+    args = (*operand_ptrs, d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(),
+            bias.data_ptr() if bias is not None else None, gemm_alpha(a, b), 1.0 if accumulate else 0.0, m, n_run,
+            k, *operand_strides, d.stride(0), d.stride(0), int(a.row_scaled), int(b.row_scaled))
     workspace_bytes = _gemm_workspace_bytes(kernel, device.index, m, n_run, k, operand_strides, args)
     workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device) if workspace_bytes else None
     args += (workspace.data_ptr() if workspace is not None else None,)
-    return d, n_run, args, (scratch, col_amax, row_amax, workspace)
+    return d, n_run, args, (scratch, col_amax, row_amax, bias, workspace)
 
 
-def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool):
-    """D = A @ B.T with the epilogue alpha * row_amax[i] * col_amax[j] (+ C = out when accumulating), by the
-    kernel gemm_kernel chooses (measuring a new shape class first when autotuning)."""
+def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool, bias=None):
+    """D = A @ B.T with the epilogue alpha * row_amax[i] * col_amax[j] (+ bias[j]) (+ C = out when
+    accumulating), by the kernel gemm_kernel chooses (measuring a new shape class first when autotuning)."""
     (m, k), n = a.shape, b.shape[0]
     if m == 0 or n == 0:
         return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=a.device)
     kernel = gemm_kernel(a, b, out_dtype, measure=True, accumulate=accumulate)
-    d, n_run, args, keep_alive = _gemm_launch(kernel, a, b, out_dtype, out, accumulate)
+    d, n_run, args, keep_alive = _gemm_launch(kernel, a, b, out_dtype, out, accumulate, bias)
     _launch(kernel, a.device, *args)
     del keep_alive
     if out is None:

@@ -312,3 +312,26 @@ def test_autotune_measures_once_per_shape_class_and_never_in_a_graph(monkeypatch
     ref120 = dequantize_f64(a120) @ dequantize_f64(b).t() + out.double()
     fp4gen.gemm(a120, b, out=out, accumulate=True)
     assert len(measured) == len(entry["ms"]) and rel_err(out, ref120) < 1e-5
+
+
+@pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("m,n,k", [(100, 264, 512), (300, 37, 256), (16, 1000, 128)])
+def test_bias_in_every_gemm_kernel(force_kernel, out_dtype, tol, m, n, k):
+    from fp4gen.cuda.manifest import load_manifest
+    from fp4gen.cuda.select import Problem, viable
+    a, b = operand(m, k, True, 50), operand(n, k, False, 51)
+    product = dequantize_f64(a) @ dequantize_f64(b).t()
+    bias = torch.randn(n, device="cuda") * product.abs().mean().float()  # comparable to the products
+    base = torch.randn(m, n, device="cuda").to(out_dtype)
+    names = viable(Problem("gemm", (9, 0), {"out_dtype": str(out_dtype).replace("torch.", "")}, {}, k, m),
+                   load_manifest())
+    assert {load_manifest()["kernels"][name]["family"] for name in names} >= {"gemm_sm90", "gemm_fused_wgmma"}
+    for name in names:
+        force_kernel(name)
+        for bias_dtype in (torch.float32, torch.bfloat16):
+            b_vec = bias.to(bias_dtype)
+            d = fp4gen.gemm(a, b, out_dtype=out_dtype, bias=b_vec)
+            assert rel_err(d, product + b_vec.double()) < tol, (name, bias_dtype)
+        out = base.clone()
+        fp4gen.gemm(a, b, out=out, accumulate=True, bias=bias)
+        assert rel_err(out, product + bias.double() + base.double()) < tol, name

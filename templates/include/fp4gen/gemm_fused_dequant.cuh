@@ -1,6 +1,8 @@
 // Hopper NVFP4 GEMM for small M, read straight from the packed operands:
-//     D[i, j] = beta * C[i, j] + alpha * (row_amax[i or 0] * (col_amax[j or 0] * sum_k A[i, k] * B[j, k]))
-// where A and B hold block-scaled values e2m1 * e4m3 (docs/numerics.md, dequantization, without the amax factor).
+//     D[i, j] = beta * C[i, j] + (alpha * (row_amax[i or 0] * (col_amax[j or 0] * sum_k A[i, k] B[j, k]))
+//               + bias[j])
+// (no bias term when bias is null), where A and B hold block-scaled values e2m1 * e4m3 (docs/numerics.md,
+// dequantization, without the amax factor).
 //
 // Why: when M is small the GEMM is bound by reading B. The wgmma family reads B as bf16 scratch that a
 // separate pass wrote (4 bytes of traffic per element, plus 0.5 to read the codes); this kernel reads the
@@ -63,6 +65,7 @@ struct Params {
   void* d;
   const float* row_amax;
   const float* col_amax;
+  const float* bias;  // [N] fp32, or nullptr
   float alpha, beta;
   int64_t m, n, k;
   int64_t lda, lda_scale, ldb, ldb_scale;  // bytes
@@ -222,7 +225,8 @@ template <class OutT>
 __device__ __forceinline__ float epilogue_value(const Params& p, int64_t row, int64_t col, float acc) {
   const float row_amax = p.row_amax[p.row_is_vector ? row : 0];
   const float col_amax = p.col_amax[p.col_is_vector ? col : 0];
-  const float v = __fmul_rn(p.alpha, __fmul_rn(row_amax, __fmul_rn(col_amax, acc)));
+  float v = __fmul_rn(p.alpha, __fmul_rn(row_amax, __fmul_rn(col_amax, acc)));
+  if (p.bias != nullptr) v = __fadd_rn(v, p.bias[col]);
   return p.beta != 0.0f ? __fmaf_rn(p.beta, load_output<OutT>(p.c, row * p.ldc + col), v) : v;
 }
 
@@ -346,20 +350,20 @@ __global__ void __launch_bounds__(256) split_k_epilogue_kernel(const Params p) {
 // The C ABI of the family (codegen/families.py): every entry point takes the same parameters.
 #define FP4GEN_FUSED_GEMM_PARAMS                                                                               \
   const uint8_t *a_codes, const uint8_t *a_scale, const uint8_t *b_codes, const uint8_t *b_scale, const void *c, \
-      void *d, const float *row_amax, const float *col_amax, float alpha, float beta, int64_t m, int64_t n,       \
-      int64_t k, int64_t lda, int64_t lda_scale, int64_t ldb, int64_t ldb_scale, int64_t split_k, int64_t ldc,   \
-      int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void *workspace
+      void *d, const float *row_amax, const float *col_amax, const float *bias, float alpha, float beta,        \
+      int64_t m, int64_t n, int64_t k, int64_t lda, int64_t lda_scale, int64_t ldb, int64_t ldb_scale,          \
+      int64_t split_k, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void *workspace
 
 inline size_t fused_gemm_workspace_size(FP4GEN_FUSED_GEMM_PARAMS) {
   (void)a_codes, (void)a_scale, (void)b_codes, (void)b_scale, (void)c, (void)d, (void)row_amax, (void)col_amax;
-  (void)alpha, (void)beta, (void)k, (void)lda, (void)lda_scale, (void)ldb, (void)ldb_scale, (void)ldc, (void)ldd;
+  (void)bias, (void)alpha, (void)beta, (void)k, (void)lda, (void)lda_scale, (void)ldb, (void)ldb_scale, (void)ldc, (void)ldd;
   (void)row_is_vector, (void)col_is_vector, (void)workspace;
   return split_k > 1 && m > 0 && n > 0 ? static_cast<size_t>(split_k * m * n) * sizeof(float) : 0;
 }
 
 template <int BM, int BN>
 int fused_gemm_can_implement(FP4GEN_FUSED_GEMM_PARAMS) {
-  (void)alpha, (void)row_is_vector, (void)col_is_vector, (void)ldc, (void)ldd;
+  (void)alpha, (void)bias, (void)row_is_vector, (void)col_is_vector, (void)ldc, (void)ldd;
   if (m < 0 || n < 0 || k <= 0 || k % fused_gemm::kTileK != 0 || k / fused_gemm::kTileK > INT32_MAX)
     return kInvalidProblem;
   if ((m + BM - 1) / BM > 65535 || (n + BN - 1) / BN > INT32_MAX) return kInvalidProblem;  // grid limits
@@ -376,7 +380,7 @@ int fused_gemm_can_implement(FP4GEN_FUSED_GEMM_PARAMS) {
 
 // The parameters above, as arguments.
 #define FP4GEN_FUSED_GEMM_ARGS                                                                                \
-  a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, lda_scale, ldb,     \
+  a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, lda, lda_scale, ldb, \
       ldb_scale, split_k, ldc, ldd, row_is_vector, col_is_vector, workspace
 
 // Checks the problem and launches kKernel, a GEMM over the packed operands with BM x BN tiles, kThreads
@@ -391,7 +395,7 @@ int launch_packed_gemm(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = opt_in_shared_bytes<kKernel>(device, kSmemBytes);
   if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
-  const fused_gemm::Params params{a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, alpha, beta,
+  const fused_gemm::Params params{a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, bias, alpha, beta,
                                   m, n, k, lda, lda_scale, ldb, ldb_scale, ldc, ldd,
                                   row_is_vector != 0, col_is_vector != 0, static_cast<int>(split_k),
                                   static_cast<float*>(workspace)};

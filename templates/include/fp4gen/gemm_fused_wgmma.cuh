@@ -1,5 +1,6 @@
 // Hopper NVFP4 GEMM that reads the packed operands and multiplies with wgmma:
-//     D[i, j] = beta * C[i, j] + alpha * (row_amax[i or 0] * (col_amax[j or 0] * sum_k A[i, k] * B[j, k]))
+//     D[i, j] = beta * C[i, j] + (alpha * (row_amax[i or 0] * (col_amax[j or 0] * sum_k A[i, k] B[j, k]))
+//               + bias[j])
 // the same problem, parameters and epilogue as gemm_fused_dequant.cuh, whose staging and on-chip
 // dequantization it shares; what differs is the multiply.
 //

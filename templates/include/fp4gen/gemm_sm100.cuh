@@ -48,8 +48,9 @@ struct Sm100BilateralGemm {
   // A [M, K] and B [N, K]: packed E2M1 rows of K/2 bytes (contiguous); sfa, sfb: swizzled scales.
   static typename Gemm::Arguments arguments(const void* a, const void* b, const void* sfa, const void* sfb,
                                             const void* c, void* d, const float* row_amax, const float* col_amax,
-                                            float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t ldc,
-                                            int64_t ldd, int64_t row_is_vector, int64_t col_is_vector) {
+                                            const float* bias, float alpha, float beta, int64_t m, int64_t n,
+                                            int64_t k, int64_t ldc, int64_t ldd, int64_t row_is_vector,
+                                            int64_t col_is_vector) {
     using Args = typename Gemm::Arguments;
     using PtrA = decltype(Args{}.mainloop.ptr_A);
     using PtrB = decltype(Args{}.mainloop.ptr_B);
@@ -64,50 +65,45 @@ struct Sm100BilateralGemm {
               {static_cast<PtrA>(a), stride_a, static_cast<PtrB>(b), stride_b, static_cast<PtrSF>(sfa),
                Config::tile_atom_to_shape_SFA(shape), static_cast<PtrSF>(sfb), Config::tile_atom_to_shape_SFB(shape)},
               {{}, static_cast<const ElementC*>(c), stride_c, static_cast<ElementD*>(d), stride_d}};
-    Epilogue::set_arguments(args.epilogue.thread, row_amax, col_amax, alpha, beta, row_is_vector, col_is_vector);
+    Epilogue::set_arguments(args.epilogue.thread, row_amax, col_amax, bias, alpha, beta, row_is_vector,
+                            col_is_vector);
     return args;
   }
 };
 
+// The C ABI's parameters (codegen/families.py, gemm_sm100), shared by the three entry points below.
+#define FP4GEN_SM100_GEMM_PARAMS                                                                               \
+  const void *a, const void *b, const void *sfa, const void *sfb, const void *c, void *d, const float *row_amax, \
+      const float *col_amax, const float *bias, float alpha, float beta, int64_t m, int64_t n, int64_t k,      \
+      int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void *workspace
+#define FP4GEN_SM100_GEMM_PROBLEM \
+  a, b, sfa, sfb, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, ldc, ldd, row_is_vector, col_is_vector
+
 template <class G>
-int gemm_blockscaled_can_implement(const void* a, const void* b, const void* sfa, const void* sfb, const void* c,
-                                   void* d, const float* row_amax, const float* col_amax, float alpha, float beta,
-                                   int64_t m, int64_t n, int64_t k, int64_t ldc, int64_t ldd, int64_t row_is_vector,
-                                   int64_t col_is_vector, void* workspace) {
+int gemm_blockscaled_can_implement(FP4GEN_SM100_GEMM_PARAMS) {
   (void)workspace;
   if (m < 0 || n < 0 || k <= 0 || k % G::kAlignAB != 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
     return kInvalidProblem;
   if (row_amax == nullptr || col_amax == nullptr || sfa == nullptr || sfb == nullptr) return kInvalidProblem;
-  for (const void* p : {a, b, c, static_cast<const void*>(d)})
+  // TMA and the broadcast nodes' vector loads
+  for (const void* p : {a, b, c, static_cast<const void*>(d), static_cast<const void*>(bias)})
     if (!aligned(p, 16)) return kMisaligned;
   for (int64_t ld : {ldc, ldd}) if (ld % G::kAlignCD != 0) return kMisaligned;
-  auto args = G::arguments(a, b, sfa, sfb, c, d, row_amax, col_amax, alpha, beta, m, n, k, ldc, ldd, row_is_vector,
-                           col_is_vector);
-  return cutlass_can_implement<typename G::Gemm>(args);
+  return cutlass_can_implement<typename G::Gemm>(G::arguments(FP4GEN_SM100_GEMM_PROBLEM));
 }
 
 template <class G>
-size_t gemm_blockscaled_workspace_size(const void* a, const void* b, const void* sfa, const void* sfb, const void* c,
-                                       void* d, const float* row_amax, const float* col_amax, float alpha, float beta,
-                                       int64_t m, int64_t n, int64_t k, int64_t ldc, int64_t ldd,
-                                       int64_t row_is_vector, int64_t col_is_vector, void* workspace) {
+size_t gemm_blockscaled_workspace_size(FP4GEN_SM100_GEMM_PARAMS) {
   (void)workspace;
-  return G::Gemm::get_workspace_size(G::arguments(a, b, sfa, sfb, c, d, row_amax, col_amax, alpha, beta, m, n, k,
-                                                  ldc, ldd, row_is_vector, col_is_vector));
+  return G::Gemm::get_workspace_size(G::arguments(FP4GEN_SM100_GEMM_PROBLEM));
 }
 
 template <class G>
-int gemm_blockscaled_run(const void* a, const void* b, const void* sfa, const void* sfb, const void* c, void* d,
-                         const float* row_amax, const float* col_amax, float alpha, float beta, int64_t m, int64_t n,
-                         int64_t k, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector,
-                         void* workspace, cudaStream_t stream) {
-  const int status = gemm_blockscaled_can_implement<G>(a, b, sfa, sfb, c, d, row_amax, col_amax, alpha, beta, m, n,
-                                                       k, ldc, ldd, row_is_vector, col_is_vector, workspace);
+int gemm_blockscaled_run(FP4GEN_SM100_GEMM_PARAMS, cudaStream_t stream) {
+  const int status = gemm_blockscaled_can_implement<G>(FP4GEN_SM100_GEMM_PROBLEM, workspace);
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
-  const auto args = G::arguments(a, b, sfa, sfb, c, d, row_amax, col_amax, alpha, beta, m, n, k, ldc, ldd,
-                                 row_is_vector, col_is_vector);
-  return cutlass_run<typename G::Gemm>(args, workspace, stream);
+  return cutlass_run<typename G::Gemm>(G::arguments(FP4GEN_SM100_GEMM_PROBLEM), workspace, stream);
 }
 
 }  // namespace fp4gen

@@ -49,9 +49,10 @@ struct Sm90BilateralGemm {
 
   // A [M, K] and B [N, K] K-major (row strides lda, ldb); C, D [M, N] row-major (ldc, ldd).
   static typename Gemm::Arguments arguments(const void* a, const void* b, const void* c, void* d,
-                                            const float* row_amax, const float* col_amax, float alpha, float beta,
-                                            int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
-                                            int64_t ldd, int64_t row_is_vector, int64_t col_is_vector) {
+                                            const float* row_amax, const float* col_amax, const float* bias,
+                                            float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t lda,
+                                            int64_t ldb, int64_t ldc, int64_t ldd, int64_t row_is_vector,
+                                            int64_t col_is_vector) {
     using StrideA = typename Gemm::GemmKernel::StrideA;
     using StrideB = typename Gemm::GemmKernel::StrideB;
     using StrideC = typename Gemm::GemmKernel::StrideC;
@@ -65,50 +66,46 @@ struct Sm90BilateralGemm {
         {static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1},
         {static_cast<const ElementAB*>(a), stride_a, static_cast<const ElementAB*>(b), stride_b},
         {{}, static_cast<const ElementC*>(c), stride_c, static_cast<ElementD*>(d), stride_d}};
-    Epilogue::set_arguments(args.epilogue.thread, row_amax, col_amax, alpha, beta, row_is_vector, col_is_vector);
+    Epilogue::set_arguments(args.epilogue.thread, row_amax, col_amax, bias, alpha, beta, row_is_vector,
+                            col_is_vector);
     return args;
   }
 };
 
+// The C ABI's parameters (codegen/families.py, gemm_sm90), shared by the three entry points below.
+#define FP4GEN_SM90_GEMM_PARAMS                                                                                \
+  const void *a, const void *b, const void *c, void *d, const float *row_amax, const float *col_amax,          \
+      const float *bias, float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,   \
+      int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void *workspace
+#define FP4GEN_SM90_GEMM_PROBLEM \
+  a, b, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, lda, ldb, ldc, ldd, row_is_vector, col_is_vector
+
 template <class G>
-int gemm_can_implement(const void* a, const void* b, const void* c, void* d, const float* row_amax,
-                       const float* col_amax, float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t lda,
-                       int64_t ldb, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector,
-                       void* workspace) {
+int gemm_can_implement(FP4GEN_SM90_GEMM_PARAMS) {
   (void)workspace;
   if (m < 0 || n < 0 || k <= 0 || k % 16 != 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
     return kInvalidProblem;
   if (row_amax == nullptr || col_amax == nullptr) return kInvalidProblem;
-  for (const void* p : {a, b, c, static_cast<const void*>(d)})
+  // TMA and the broadcast nodes' vector loads
+  for (const void* p : {a, b, c, static_cast<const void*>(d), static_cast<const void*>(bias)})
     if (!aligned(p, 16)) return kMisaligned;
   for (int64_t ld : {lda, ldb}) if (ld % G::kAlignAB != 0) return kMisaligned;
   for (int64_t ld : {ldc, ldd}) if (ld % G::kAlignCD != 0) return kMisaligned;
-  auto args = G::arguments(a, b, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, ldb, ldc, ldd, row_is_vector,
-                           col_is_vector);
-  return cutlass_can_implement<typename G::Gemm>(args);
+  return cutlass_can_implement<typename G::Gemm>(G::arguments(FP4GEN_SM90_GEMM_PROBLEM));
 }
 
 template <class G>
-size_t gemm_workspace_size(const void* a, const void* b, const void* c, void* d, const float* row_amax,
-                           const float* col_amax, float alpha, float beta, int64_t m, int64_t n, int64_t k,
-                           int64_t lda, int64_t ldb, int64_t ldc, int64_t ldd, int64_t row_is_vector,
-                           int64_t col_is_vector, void* workspace) {
+size_t gemm_workspace_size(FP4GEN_SM90_GEMM_PARAMS) {
   (void)workspace;
-  return G::Gemm::get_workspace_size(G::arguments(a, b, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, ldb,
-                                                  ldc, ldd, row_is_vector, col_is_vector));
+  return G::Gemm::get_workspace_size(G::arguments(FP4GEN_SM90_GEMM_PROBLEM));
 }
 
 template <class G>
-int gemm_run(const void* a, const void* b, const void* c, void* d, const float* row_amax, const float* col_amax,
-             float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
-             int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace, cudaStream_t stream) {
-  const int status = gemm_can_implement<G>(a, b, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, ldb, ldc, ldd,
-                                           row_is_vector, col_is_vector, workspace);
+int gemm_run(FP4GEN_SM90_GEMM_PARAMS, cudaStream_t stream) {
+  const int status = gemm_can_implement<G>(FP4GEN_SM90_GEMM_PROBLEM, workspace);
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
-  const auto args = G::arguments(a, b, c, d, row_amax, col_amax, alpha, beta, m, n, k, lda, ldb, ldc, ldd,
-                                 row_is_vector, col_is_vector);
-  return cutlass_run<typename G::Gemm>(args, workspace, stream);
+  return cutlass_run<typename G::Gemm>(G::arguments(FP4GEN_SM90_GEMM_PROBLEM), workspace, stream);
 }
 
 }  // namespace fp4gen
