@@ -80,14 +80,16 @@ SM100_MMA_TILES = GemmTiles((128,), 64, 256, (256,), ("128x128x256", "128x256x25
 # over 64-element k-tiles; a warp tile must be whole 16x16 steps (2x2 warps from M = 32 on, 1x4 below).
 # reads_packed_operands: the selector prefers such a kernel when one row of its tiles covers M, so each
 # byte of B is read and dequantized once.
+# split_ctas_per_multiprocessor: how many CTAs per multiprocessor split K aims at (select.split_k).
 FUSED_GEMM_TILES = GemmTiles((16, 32, 64, 128), 64, 128, (64,), ("16x64x64", "64x64x64", "128x64x64"),
-                             facts={"reads_packed_operands": True})
+                             facts={"reads_packed_operands": True, "split_ctas_per_multiprocessor": 3})
 
 # CTA tiles of the Hopper GEMM that reads the packed operands and multiplies with wgmma (gemm_fused_wgmma):
 # one warp group per 64 rows (at most two), wgmma N up to 256 in whole 64-row swizzle groups, 64-element
 # k-tiles. reads_packed_operands as above.
 WGMMA_FUSED_GEMM_TILES = GemmTiles((64, 128), 64, 256, (64,), ("128x256x64", "128x128x64", "64x128x64"),
-                                   facts={"reads_packed_operands": True, "packed_wgmma": True})
+                                   facts={"reads_packed_operands": True, "packed_wgmma": True,
+                                          "split_ctas_per_multiprocessor": 1})
 
 # Hopper GEMM kernel schedules: two consumer warp groups sharing a tile (cooperative, needs tile M >= 128)
 # or alternating between tiles (pingpong).

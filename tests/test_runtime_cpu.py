@@ -226,13 +226,13 @@ def test_built_hadamard_row_pass_library_checks_problems(name):
 def test_gemm_tile_choice_follows_m():
     def chosen(rows, cols=256):
         return select(_problem(op="gemm", rows=rows, cols=cols, pointers={}), MANIFEST)
-    # up to M = 64 the smallest mma.sync tile that covers M; above, up to 128, the packed wgmma 128x128 tile
+    # up to M = 64 the smallest mma.sync tile that covers M; above, up to 256, the packed wgmma 128x128 tile
     assert chosen(1).endswith("fused_bf16out_t16x64x64_sm90a") and chosen(16).endswith("t16x64x64_sm90a")
     assert chosen(17).endswith("fused_bf16out_t32x64x64_sm90a") and chosen(64).endswith("fused_bf16out_t64x64x64_sm90a")
     assert chosen(65).endswith("packed_bf16out_t128x128x64_sm90a")
-    assert chosen(128).endswith("packed_bf16out_t128x128x64_sm90a")
-    # beyond, the wgmma tiles: the tallest no taller than M
-    assert chosen(129).endswith("t128x256x64_coop_sm90a") and chosen(8192).endswith("t128x256x64_coop_sm90a")
+    assert chosen(128).endswith("packed_bf16out_t128x128x64_sm90a") and chosen(256).endswith("t128x128x64_sm90a")
+    # beyond, the wgmma tiles over scratch: the tallest no taller than M
+    assert chosen(257).endswith("t128x256x64_coop_sm90a") and chosen(8192).endswith("t128x256x64_coop_sm90a")
     # the fused kernels take whole 64-element k-tiles; otherwise small M gets the 64-row wgmma tile
     assert chosen(16, cols=48).endswith("t64x128x64_pingpong_sm90a")
     assert chosen(200, cols=48).endswith("t128x256x64_coop_sm90a")
@@ -240,11 +240,13 @@ def test_gemm_tile_choice_follows_m():
 
 def test_split_k_fills_the_gpu_for_small_m_only():
     from fp4gen.cuda.select import split_k
-    assert split_k(16, 64, 16, 8192, 128, 132) == 3  # 128 tiles: three CTAs per tile give two per SM
-    assert split_k(128, 64, 128, 8192, 128, 132) == 3
-    assert split_k(16, 64, 16, 64, 128, 132) == 8  # one tile: capped at 8 splits
-    assert split_k(16, 64, 16, 8192, 12, 132) == 1  # 12 k-tiles: a split needs at least 8
-    assert split_k(128, 64, 128, 65536, 128, 132) == 1  # enough tiles already
+    assert split_k(16, 64, 16, 8192, 128, 132, 3) == 3  # 128 tiles: three splits give three CTAs per SM
+    assert split_k(128, 64, 128, 8192, 128, 132, 3) == 3
+    assert split_k(128, 128, 128, 8192, 128, 132, 1) == 2  # 64 tiles, one CTA per SM: not a partial 2nd wave
+    assert split_k(128, 128, 256, 8192, 128, 132, 1) == 1  # 128 tiles already fill the GPU once
+    assert split_k(16, 64, 16, 64, 128, 132, 3) == 8  # one tile: capped at 8 splits
+    assert split_k(16, 64, 16, 8192, 12, 132, 3) == 1  # 12 k-tiles: a split needs at least 8
+    assert split_k(128, 64, 128, 65536, 128, 132, 3) == 1  # enough tiles already
 
 
 def test_fused_gemm_alignment_rules_fall_back_to_the_wgmma_gemm():

@@ -424,7 +424,7 @@ def _packed_operands(a: NVFP4Data, b: NVFP4Data, n_run: int, kernel) -> tuple:
     a_scale, b_scale = a.scale.view(torch.uint8), b.scale.view(torch.uint8)
     facts = kernel.facts
     splits = split_k(facts["tile_m"], facts["tile_n"], a.shape[0], n_run, a.shape[1] // facts["tile_k"],
-                     _multiprocessors(a.device.index))
+                     _multiprocessors(a.device.index), facts["split_ctas_per_multiprocessor"])
     return ((), (a.data.data_ptr(), a_scale.data_ptr(), b.data.data_ptr(), b_scale.data_ptr()),
             (a.data.stride(0), a_scale.stride(0), b.data.stride(0), b_scale.stride(0), splits))
 

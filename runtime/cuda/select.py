@@ -37,28 +37,31 @@ def _rule_violations(kernel: dict, problem: Problem) -> list:
     return reasons
 
 
-# Up to this M the mma.sync kernels that read the packed operands beat the wgmma ones (H200, bench/RESULTS.md).
+# Up to this M the mma.sync kernels that read the packed operands beat the wgmma ones, and up to the next the
+# wgmma ones beat the scratch path (H200, bench/RESULTS.md).
 PACKED_MMA_SYNC_MAX_ROWS = 64
+PACKED_WGMMA_MAX_ROWS = 256
 
 
 def _rank(kernel: dict, problem: Problem) -> tuple:
-    """Smaller is better. GEMMs: first a kernel that reads the packed operands (reads_packed_operands) when
-    one row of its tiles covers M, so B's codes are read and dequantized once, which is what bounds small-M
-    GEMMs: up to M = 64 the mma.sync kernels (gemm_fused_dequant), above it the wgmma ones
-    (gemm_fused_wgmma, packed_wgmma), each family's smallest covering tile, then the narrowest. Otherwise the
-    wgmma tiles over bf16 scratch: the tallest no taller than M (at least the smallest tile), so small M gets
-    64-row pingpong tiles instead of half-empty 128-row ones; then the widest tile. Packed-operand kernels
-    whose tiles do not cover M, or of the other family, come last. Kernels without tile facts rank by name
-    only. The rule follows measurements on the H200 (bench/RESULTS.md); the autotuner replaces it where it
-    has measured."""
+    """Smaller is better. GEMMs: first a kernel that reads the packed operands (reads_packed_operands), so
+    B's codes are read and dequantized once, which is what bounds small-M GEMMs: up to M = 64 the mma.sync
+    kernels (gemm_fused_dequant) whose one row of tiles covers M, the smallest such tile; above, up to
+    M = 256, the wgmma ones (gemm_fused_wgmma, packed_wgmma), the tallest tile, then the narrowest.
+    Otherwise the wgmma tiles over bf16 scratch: the tallest no taller than M (at least the smallest tile), so
+    small M gets 64-row pingpong tiles instead of half-empty 128-row ones; then the widest tile. The other
+    packed-operand kernels come last. Kernels without tile facts rank by name only. The rule follows
+    measurements on the H200 (bench/RESULTS.md); the autotuner replaces it where it has measured."""
     facts = kernel.get("facts", {})
     tile_m = facts.get("tile_m")
     if tile_m is None:
         return (0, 0, 0, 0, kernel["name"])
     if facts.get("reads_packed_operands"):
-        covers = problem.rows <= tile_m
-        family_fits = facts.get("packed_wgmma", False) == (problem.rows > PACKED_MMA_SYNC_MAX_ROWS)
-        if covers and family_fits:
+        rows, covers = problem.rows, problem.rows <= tile_m
+        if facts.get("packed_wgmma"):
+            if PACKED_MMA_SYNC_MAX_ROWS < rows <= PACKED_WGMMA_MAX_ROWS:
+                return (0, 0, -tile_m, facts["tile_n"], kernel["name"])
+        elif covers and rows <= PACKED_MMA_SYNC_MAX_ROWS:
             return (0, 0, tile_m, facts["tile_n"], kernel["name"])
         return (2, 0, tile_m if covers else -tile_m, -facts["tile_n"], kernel["name"])
     fits = tile_m <= max(problem.rows, 64)
@@ -116,10 +119,13 @@ def viable(problem: Problem, manifest: dict) -> list:
             if not _rule_violations(k, problem)]
 
 
-def split_k(tile_m: int, tile_n: int, m: int, n: int, k_tiles: int, multiprocessors: int) -> int:
-    """CTAs per output tile along K for the fused GEMM. Small M gives few output tiles, and a CTA keeps
-    only its own loads in flight, so K is split until there are two CTAs per multiprocessor; each split
-    keeps at least 8 k-tiles, and there are at most 8 (each costs 4 bytes of partial sums per output)."""
+def split_k(tile_m: int, tile_n: int, m: int, n: int, k_tiles: int, multiprocessors: int,
+            ctas_per_multiprocessor: int) -> int:
+    """CTAs per output tile along K for the GEMMs that read the packed operands. Small M gives few output
+    tiles, so K is split until the CTAs fill ctas_per_multiprocessor per multiprocessor without starting a
+    second, partial wave (the kernel's fact: the H200 measured three for the mma.sync kernels, one for the
+    wgmma ones, bench/RESULTS.md); each split keeps at least 8 k-tiles, and there are at most 8 (each costs 4
+    bytes of partial sums per output)."""
     tiles = -(-m // tile_m) * -(-n // tile_n)
-    wanted = -(-2 * multiprocessors // tiles)
+    wanted = ctas_per_multiprocessor * multiprocessors // tiles
     return max(1, min(wanted, 8, k_tiles // 8))

@@ -198,7 +198,8 @@ def test_fused_gemm_split_k_is_right_and_deterministic(out_dtype, tol):
     from fp4gen.cuda.select import split_k
     a, b = operand(60, 2048, True, 26), operand(4096, 2048, False, 27)
     kernel = chosen_kernel(a, b, out_dtype)
-    splits = split_k(kernel.facts["tile_m"], kernel.facts["tile_n"], 60, 4096, 2048 // 64, _multiprocessors(0))
+    splits = split_k(kernel.facts["tile_m"], kernel.facts["tile_n"], 60, 4096, 2048 // 64, _multiprocessors(0),
+                     kernel.facts["split_ctas_per_multiprocessor"])
     assert kernel.family == "gemm_fused_dequant" and splits > 1
     base = torch.randn(60, 4096, device="cuda").to(out_dtype)
     first = fp4gen.gemm(a, b, out=base.clone(), accumulate=True)
@@ -272,7 +273,8 @@ def test_packed_wgmma_gemm_split_k_and_cuda_graph(force_kernel):
     for name in packed_wgmma_kernels(torch.bfloat16):
         force_kernel(name)
         kernel = chosen_kernel(a, b, torch.bfloat16)
-        assert split_k(kernel.facts["tile_m"], kernel.facts["tile_n"], 64, 2048, 64, _multiprocessors(0)) > 1
+        assert split_k(kernel.facts["tile_m"], kernel.facts["tile_n"], 64, 2048, 64, _multiprocessors(0),
+                       kernel.facts["split_ctas_per_multiprocessor"]) > 1
         first, second = fp4gen.gemm(a, b), fp4gen.gemm(a, b)
         assert torch.equal(first, second)  # partial sums are added in a fixed order
         assert rel_err(first, dequantize_f64(a) @ dequantize_f64(b).t()) < 1e-2, name
