@@ -464,14 +464,16 @@ def gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, measure: boo
     eager fp4gen.gemm call) a shape class seen for the first time is measured; otherwise the rule serves
     until it is. FP4GEN_PRINT_CONFIGS=1 prints each choice."""
     (m, k), n = a.shape, b.shape[0]
-    pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
-                "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
-    bucket = autotune.m_bucket(m)
+    addresses = (_row_start_bits(a.data), _row_start_bits(a.scale), _row_start_bits(b.data),
+                 _row_start_bits(b.scale))
     # exact M up to 256, where the rule's tile choice depends on it; its class beyond
-    key = (a.device.index, out_dtype, m if m <= 256 else bucket, n, k, *(p % 16 for p in pointers.values()))
+    key = (a.device.index, out_dtype, m if m <= 256 else autotune.m_bucket(m), n, k, addresses[0] % 16,
+           addresses[1] % 16, addresses[2] % 16, addresses[3] % 16)
     kernel = _GEMM_PLANS.get(key)
     if kernel is not None:
         return kernel
+    pointers = dict(zip(("a_codes", "a_scale", "b_codes", "b_scale"), addresses))
+    bucket = autotune.m_bucket(m)
     rule = _kernel_for("gemm", a.device, {"out_dtype": out_dtype}, k, pointers, rows=m)
     if forced_kernels() or not autotune.enabled():
         _GEMM_PLANS[key] = rule
