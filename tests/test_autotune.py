@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import fp4gen
 from codegen.render import render_all
 from conftest import copy_project
 from fp4gen import NVFP4Data
@@ -129,18 +130,23 @@ def test_no_measurement_means_the_rule(dispatcher, monkeypatch, manifest_with_ne
     assert dispatcher.choose(1000, 4096, 1024) == forced
 
 
-def test_choose_keeps_the_rule_within_the_margin_and_skips_failures():
+def test_choose_keeps_the_rule_within_the_margin_and_skips_refusals():
     times = {"rule": 1.0, "close": 0.99, "broken": None}
 
     def time_ms(name):
         if times[name] is None:
-            raise RuntimeError("refused")
+            raise fp4gen.KernelError("refused")
         return times[name]
     assert autotune.choose(["rule", "close", "broken"], time_ms) == ("rule", times)
     times["close"] = 0.9
     assert autotune.choose(["rule", "close", "broken"], time_ms)[0] == "close"
     times["rule"] = None
     assert autotune.choose(["rule", "close"], time_ms)[0] == "close"
+
+    def buggy(name):
+        raise TypeError("a bug, not a refusal")
+    with pytest.raises(TypeError, match="a bug"):  # only refusals and out-of-memory are left out
+        autotune.choose(["rule"], buggy)
 
 
 def test_shape_classes_round_m_up_to_a_power_of_two():

@@ -22,6 +22,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+import torch
+
+from ..errors import KernelError
+
 # A candidate replaces the rule's choice only when it is this much faster: launch-to-launch noise on a
 # loaded GPU is a few percent, and a flip-flopping choice would make runs differ for nothing.
 MARGIN = 0.03
@@ -39,13 +43,14 @@ def m_bucket(m: int) -> int:
 
 def choose(candidates: list, time_ms: Callable[[str], float]) -> tuple:
     """(the chosen name, {name: milliseconds}). candidates come in the rule's order; the first is the rule's
-    choice, and another replaces it only when it is faster by more than MARGIN. A candidate whose timing
-    raises is left out (its time is recorded as None)."""
+    choice, and another replaces it only when it is faster by more than MARGIN. A candidate that refuses the
+    problem at launch (KernelError) or runs out of memory is left out, said on stderr and recorded as None;
+    any other error propagates."""
     times = {}
     for name in candidates:
         try:
             times[name] = float(time_ms(name))
-        except Exception as exc:  # a kernel that refuses the problem at launch is no candidate
+        except (KernelError, torch.OutOfMemoryError) as exc:
             print(f"fp4gen: autotune left out {name}: {exc}", file=sys.stderr)
             times[name] = None
     timed = [name for name in candidates if times[name] is not None]
