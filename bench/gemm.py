@@ -31,6 +31,16 @@ def emulation(a, b):
     return reference.dequantize(a, torch.bfloat16) @ reference.dequantize(b, torch.bfloat16).t()
 
 
+def operands(m, n, k):
+    """bf16 x [m, k] and w [n, k], and their NVFP4 copies as the training GEMMs take them (X row-scaled,
+    W a per-tensor 16x16-block weight)."""
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    a = fp4gen.quantize(x, scaling="row", columnwise=False).rowwise
+    b = fp4gen.quantize(w, scaling="tensor", block=(16, 16), columnwise=False).rowwise
+    return x, w, a, b
+
+
 def main():
     torch.manual_seed(0)
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
@@ -38,10 +48,7 @@ def main():
           f"{'emul. us':>9} {'vs emul.':>8}  kernel")
     compiled = torch.compile(emulation, dynamic=False)
     for m, n, k in SHAPES:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        a = fp4gen.quantize(x, scaling="row", columnwise=False).rowwise
-        b = fp4gen.quantize(w, scaling="tensor", block=(16, 16), columnwise=False).rowwise
+        x, w, a, b = operands(m, n, k)
         ms = median_ms(lambda: fp4gen.gemm(a, b))
         graph_ms = graph_median_ms(lambda: fp4gen.gemm(a, b))
         cublas_ms = median_ms(lambda: x @ w.t())
@@ -59,18 +66,15 @@ def candidates():
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     capability = torch.cuda.get_device_capability()
     for m, n, k in CANDIDATE_SHAPES:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        a = fp4gen.quantize(x, scaling="row", columnwise=False).rowwise
-        b = fp4gen.quantize(w, scaling="tensor", block=(16, 16), columnwise=False).rowwise
+        x, w, a, b = operands(m, n, k)
         cublas_us = graph_median_ms(lambda: x @ w.t()) * 1e3
         os.environ["FP4GEN_AUTOTUNE"] = "0"
-        ops._PLANS.clear(), ops._GEMM_PLANS.clear()
+        ops.clear_plans()
         rule = gemm_kernel(a, b, torch.bfloat16).name
         rows = []
         for name in viable(Problem("gemm", capability, {"out_dtype": "bfloat16"}, {}, k, m), load_manifest()):
             os.environ["FP4GEN_KERNEL"] = name
-            ops._PLANS.clear(), ops._GEMM_PLANS.clear()
+            ops.clear_plans()
             rows.append((graph_median_ms(lambda: fp4gen.gemm(a, b)) * 1e3, name))
         del os.environ["FP4GEN_KERNEL"]
         print(f"{m}x{n}x{k}: cuBLAS bf16 {cublas_us:.1f} us")

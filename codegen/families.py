@@ -139,7 +139,10 @@ _PACKED_GEMM_PARAMS = (
     Param("split_k", "int64_t"),  # CTAs per output tile along K (>= 1); > 1 needs the workspace
     *_GEMM_OUTPUT_PARAMS,
 )
-_PACKED_GEMM_ALIGNMENT = {"a_codes": 16, "b_codes": 16, "a_scale": 4, "b_scale": 4}
+# ... and one set of rules: whole 64-element k-tiles; cp.async moves 16-byte chunks of codes and 4-byte words
+# of scales.
+_PACKED_GEMM_ABI = dict(params=_PACKED_GEMM_PARAMS, constraints={"cols_multiple_of": 64},
+                        alignment={"a_codes": 16, "b_codes": 16, "a_scale": 4, "b_scale": 4})
 
 FAMILIES = {
     "dequantize": Family(
@@ -348,10 +351,7 @@ FAMILIES = {
             "fused_tile": TileTokens(tables.FUSED_GEMM_TILES),
             "arch": {"sm90a": "sm90a"},
         },
-        params=_PACKED_GEMM_PARAMS,
-        # whole 64-element k-tiles; cp.async moves 16-byte chunks of codes and 4-byte words of scales
-        constraints={"cols_multiple_of": 64},
-        alignment=_PACKED_GEMM_ALIGNMENT,
+        **_PACKED_GEMM_ABI,
         excluded=((lambda values, facts: facts["tile_n"] % (64 if facts["tile_m"] < 32 else 32),
                    "four warps split the tile 1x4 below M = 32 (else 2x2) and a warp takes whole 16-column "
                    "steps: tile N must be a multiple of 64 (tile M 16) or 32"),),
@@ -369,10 +369,7 @@ FAMILIES = {
             "packed_tile": TileTokens(tables.WGMMA_FUSED_GEMM_TILES),
             "arch": {"sm90a": "sm90a"},
         },
-        params=_PACKED_GEMM_PARAMS,
-        # whole 64-element k-tiles; cp.async moves 16-byte chunks of codes and 4-byte words of scales
-        constraints={"cols_multiple_of": 64},
-        alignment=_PACKED_GEMM_ALIGNMENT,
+        **_PACKED_GEMM_ABI,
     ),
     "gemm_sm100": Family(
         name="gemm_sm100",

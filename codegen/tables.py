@@ -78,8 +78,8 @@ SM100_MMA_TILES = GemmTiles((128,), 64, 256, (256,), ("128x128x256", "128x256x25
 
 # CTA tiles of the Hopper GEMM that reads the packed operands (gemm_fused_dequant): four warps of mma.sync
 # over 64-element k-tiles; a warp tile must be whole 16x16 steps (2x2 warps from M = 32 on, 1x4 below).
-# reads_packed_operands: the selector prefers such a kernel when one row of its tiles covers M, so each
-# byte of B is read and dequantized once.
+# reads_packed_operands: for small M the selector prefers these kernels (select._rank says which family
+# for which M), so each byte of B is read and dequantized once.
 # split_ctas_per_multiprocessor: how many CTAs per multiprocessor split K aims at (select.split_k).
 FUSED_GEMM_TILES = GemmTiles((16, 32, 64, 128), 64, 128, (64,), ("16x64x64", "64x64x64", "128x64x64"),
                              facts={"reads_packed_operands": True, "split_ctas_per_multiprocessor": 3})

@@ -120,11 +120,11 @@ def test_no_measurement_means_the_rule(dispatcher, monkeypatch, manifest_with_ne
     assert dispatcher.timed == []
     # the settings are read when a kind of problem is first planned: a fresh plan cache sees the change
     monkeypatch.delenv("FP4GEN_AUTOTUNE")
-    monkeypatch.setattr(ops, "_GEMM_PLANS", {})
+    assert dispatcher.choose(1000, 4096, 1024) != NEW_TILE  # still the plan made without measuring
+    ops.clear_plans()
     assert dispatcher.choose(1000, 4096, 1024) == NEW_TILE  # the first eager call that may measure
     # FP4GEN_KERNEL beats a measurement
-    monkeypatch.setattr(ops, "_GEMM_PLANS", {})
-    monkeypatch.setattr(ops, "_PLANS", {})
+    ops.clear_plans()
     forced = "gemm_nvfp4_bf16out_t128x256x64_coop_sm90a"
     monkeypatch.setenv("FP4GEN_KERNEL", forced)
     assert dispatcher.choose(1000, 4096, 1024) == forced

@@ -442,6 +442,13 @@ _GEMM_PLANS = {}  # (device, out dtype, M or its class, N, K, operand address re
 _TUNING_CACHES = {}  # device index -> autotune.TuningCache
 
 
+def clear_plans() -> None:
+    """Forget every memoised kernel choice: the next call of each kind of problem chooses again, reading
+    FP4GEN_KERNEL and FP4GEN_AUTOTUNE afresh (measurements on disk stay)."""
+    _PLANS.clear()
+    _GEMM_PLANS.clear()
+
+
 def _tuning_cache(device: torch.device) -> autotune.TuningCache:
     cache = _TUNING_CACHES.get(device.index)
     if cache is None:
