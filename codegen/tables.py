@@ -44,7 +44,8 @@ class GemmTiles:
                  facts: dict | None = None):
         self.m_values, self.n_step, self.n_max, self.k_values = m_values, n_step, n_max, k_values
         self.EXAMPLES = examples
-        self.facts = facts or {}  # facts every tile of the table shares
+        # facts of every tile: a value, or a function of (tile M, tile N, tile K) for a fact that varies
+        self.facts = facts or {}
         self.RULE = (f"MxNxK with M in {', '.join(map(str, m_values))}, N a multiple of {n_step} from {n_step} "
                      f"to {n_max}, and K in {', '.join(map(str, k_values))}")
 
@@ -63,7 +64,8 @@ class GemmTiles:
         shape = self.parse(value)
         if shape is None:
             raise KeyError(value)
-        return {"tile_m": shape[0], "tile_n": shape[1], "tile_k": shape[2], **self.facts}
+        facts = {name: value(*shape) if callable(value) else value for name, value in self.facts.items()}
+        return {"tile_m": shape[0], "tile_n": shape[1], "tile_k": shape[2], **facts}
 
     def __iter__(self):
         return iter(self.EXAMPLES)
@@ -89,7 +91,9 @@ FUSED_GEMM_TILES = GemmTiles((16, 32, 64, 128), 64, 128, (64,), ("16x64x64", "64
 # k-tiles. reads_packed_operands as above.
 WGMMA_FUSED_GEMM_TILES = GemmTiles((64, 128), 64, 256, (64,), ("128x256x64", "128x128x64", "64x128x64"),
                                    facts={"reads_packed_operands": True, "packed_wgmma": True,
-                                          "split_ctas_per_multiprocessor": 1})
+                                          # two CTAs share a multiprocessor up to tile N = 128
+                                          # (gemm_fused_wgmma.cuh, Tile::kMinBlocks), one above
+                                          "split_ctas_per_multiprocessor": lambda m, n, k: 2 if n <= 128 else 1})
 
 # Hopper GEMM kernel schedules: two consumer warp groups sharing a tile (cooperative, needs tile M >= 128)
 # or alternating between tiles (pingpong).

@@ -226,9 +226,10 @@ def test_built_hadamard_row_pass_library_checks_problems(name):
 def test_gemm_tile_choice_follows_m():
     def chosen(rows, cols=256):
         return select(_problem(op="gemm", rows=rows, cols=cols, pointers={}), MANIFEST)
-    # up to M = 64 the smallest mma.sync tile that covers M; above, up to 256, the packed wgmma 128x128 tile
-    assert chosen(1).endswith("fused_bf16out_t16x64x64_sm90a") and chosen(16).endswith("t16x64x64_sm90a")
-    assert chosen(17).endswith("fused_bf16out_t32x64x64_sm90a") and chosen(64).endswith("fused_bf16out_t64x64x64_sm90a")
+    # up to M = 256 the packed wgmma kernels: the smallest tile that covers M (the tallest when none does),
+    # then the narrowest
+    assert chosen(1).endswith("packed_bf16out_t64x128x64_sm90a")
+    assert chosen(64).endswith("packed_bf16out_t64x128x64_sm90a")
     assert chosen(65).endswith("packed_bf16out_t128x128x64_sm90a")
     assert chosen(128).endswith("packed_bf16out_t128x128x64_sm90a") and chosen(256).endswith("t128x128x64_sm90a")
     # beyond, the wgmma tiles over scratch: the tallest no taller than M
@@ -297,9 +298,17 @@ def test_built_fused_gemm_library_checks_problems(name):
     def check(**changes):
         args = _gemm_args(name, **{**ok, **changes})
         return kernel.can_implement(*args), kernel.workspace_size(*args)
-    assert check() == (0, 0) and check(bias=0x80004)[0] == 0  # the bias is read one float at a time
-    assert check(split_k=2, workspace=0x90000) == (0, 2 * m * n * 4)
-    assert check(split_k=2)[0] == 1  # split K without a workspace for the partial sums
+    if MANIFEST["kernels"][name]["family"] == "gemm_fused_wgmma":
+        # A's fp16 copy (M x K x 2 bytes) in the workspace, after the partial sums at a 256-byte boundary
+        ok["workspace"] = 0x90000
+        assert check() == (0, m * k * 2) and check(bias=0x80004)[0] == 0
+        assert check(split_k=2) == (0, -(-2 * m * n * 4 // 256) * 256 + m * k * 2)
+        assert check(workspace=None)[0] == 1  # no workspace for A's copy
+        assert check(workspace=None, m=0) == (0, 0)  # nothing to do, nothing needed
+    else:
+        assert check() == (0, 0) and check(bias=0x80004)[0] == 0  # the bias is read one float at a time
+        assert check(split_k=2, workspace=0x90000) == (0, 2 * m * n * 4)
+        assert check(split_k=2)[0] == 1  # split K without a workspace for the partial sums
     assert check(split_k=3)[0] == 1  # more splits than the 2 k-tiles
     assert check(a_codes=0x10008)[0] == 2  # codes not 16-byte aligned
     assert check(b_scale=0x40002)[0] == 2  # scales not 4-byte aligned

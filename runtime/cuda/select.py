@@ -37,33 +37,29 @@ def _rule_violations(kernel: dict, problem: Problem) -> list:
     return reasons
 
 
-# Up to this M the mma.sync kernels that read the packed operands beat the wgmma ones, and up to the next the
-# wgmma ones beat the scratch path (H200, bench/RESULTS.md).
-PACKED_MMA_SYNC_MAX_ROWS = 64
+# Up to this M the wgmma kernels that read the packed operands beat the scratch path (H200, bench/RESULTS.md).
 PACKED_WGMMA_MAX_ROWS = 256
 
 
 def _rank(kernel: dict, problem: Problem) -> tuple:
-    """Smaller is better. GEMMs: first a kernel that reads the packed operands (reads_packed_operands), so
-    B's codes are read and dequantized once, which is what bounds small-M GEMMs: up to M = 64 the mma.sync
-    kernels (gemm_fused_dequant) whose one row of tiles covers M, the smallest such tile; above, up to
-    M = 256, the wgmma ones (gemm_fused_wgmma, packed_wgmma), the tallest tile, then the narrowest.
+    """Smaller is better. GEMMs: first, up to M = 256, a kernel that reads the packed operands with wgmma
+    (gemm_fused_wgmma, packed_wgmma), so B's codes are read and dequantized once, which is what bounds
+    small-M GEMMs: the smallest tile that covers M (the tallest when none does), then the narrowest.
     Otherwise the wgmma tiles over bf16 scratch: the tallest no taller than M (at least the smallest tile), so
     small M gets 64-row pingpong tiles instead of half-empty 128-row ones; then the widest tile. The other
-    packed-operand kernels come last. Kernels without tile facts rank by name only. The rule follows
-    measurements on the H200 (bench/RESULTS.md); the autotuner replaces it where it has measured."""
+    packed-operand kernels (the mma.sync ones, gemm_fused_dequant, which measured slower than the wgmma ones
+    at M = 16 and 64 since A is dequantized once per GEMM) come last, the smallest covering tile first.
+    Kernels without tile facts rank by name only. The rule follows measurements on the H200
+    (bench/RESULTS.md); the autotuner replaces it where it has measured."""
     facts = kernel.get("facts", {})
     tile_m = facts.get("tile_m")
     if tile_m is None:
         return (0, 0, 0, 0, kernel["name"])
     if facts.get("reads_packed_operands"):
         rows, covers = problem.rows, problem.rows <= tile_m
-        if facts.get("packed_wgmma"):
-            if PACKED_MMA_SYNC_MAX_ROWS < rows <= PACKED_WGMMA_MAX_ROWS:
-                return (0, 0, -tile_m, facts["tile_n"], kernel["name"])
-        elif covers and rows <= PACKED_MMA_SYNC_MAX_ROWS:
-            return (0, 0, tile_m, facts["tile_n"], kernel["name"])
-        return (2, 0, tile_m if covers else -tile_m, -facts["tile_n"], kernel["name"])
+        if facts.get("packed_wgmma") and rows <= PACKED_WGMMA_MAX_ROWS:
+            return (0, 0 if covers else 1, tile_m if covers else -tile_m, facts["tile_n"], kernel["name"])
+        return (2, 0 if covers else 1, tile_m if covers else -tile_m, facts["tile_n"], kernel["name"])
     fits = tile_m <= max(problem.rows, 64)
     return (1, 0 if fits else 1, -tile_m if fits else tile_m, -facts.get("tile_n", 0), kernel["name"])
 

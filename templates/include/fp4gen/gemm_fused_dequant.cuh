@@ -125,7 +125,9 @@ __device__ __forceinline__ void mma_f16_16816(float (&acc)[4], const uint32_t (&
 // Copies k-tiles of the CTA's operands into stages: staged row r is A's row m0 + r for r < BM, else B's row
 // n0 + r - BM; a stage is [kRows x 32 bytes of codes | kRows x 4 bytes of scales]. Rows past M or N are
 // zero-filled, and zero codes with zero scales dequantize to 0. A thread copies the same rows in every
-// k-tile, so their addresses are worked out once, here, and a k-tile costs an add per copy.
+// k-tile, and the k-tiles go in order, so the addresses are worked out once, here, and each call to
+// load_next moves them one k-tile on (a zero-filled copy's address stays inside row 0 of A: it is never
+// read).
 template <int BM, int kRows, int kThreads>
 struct PackedTileLoader {
   static constexpr int kCodeCopies = (kRows * 2 + kThreads - 1) / kThreads;  // 16-byte chunks, two per row
@@ -141,9 +143,8 @@ struct PackedTileLoader {
       const bool is_a = row < BM;
       const int64_t g = is_a ? m0 + row : n0 + (row - BM);
       code_valid[j] = row < kRows && g < (is_a ? p.m : p.n);
-      code_src[j] = code_valid[j] ? (is_a ? p.a_codes + g * p.lda : p.b_codes + g * p.ldb) +
-                                        static_cast<int64_t>(k_first) * kCodeBytes + chunk * 16
-                                  : p.a_codes;
+      code_src[j] = (code_valid[j] ? (is_a ? p.a_codes + g * p.lda : p.b_codes + g * p.ldb) : p.a_codes) +
+                    static_cast<int64_t>(k_first) * kCodeBytes + chunk * 16;
     }
 #pragma unroll
     for (int j = 0; j < kScaleCopies; ++j) {
@@ -151,29 +152,42 @@ struct PackedTileLoader {
       const bool is_a = row < BM;
       const int64_t g = is_a ? m0 + row : n0 + (row - BM);
       scale_valid[j] = row < kRows && g < (is_a ? p.m : p.n);
-      scale_src[j] = scale_valid[j] ? (is_a ? p.a_scale + g * p.lda_scale : p.b_scale + g * p.ldb_scale) +
-                                          static_cast<int64_t>(k_first) * kScaleBytes
-                                    : p.a_scale;
+      scale_src[j] = (scale_valid[j] ? (is_a ? p.a_scale + g * p.lda_scale : p.b_scale + g * p.ldb_scale)
+                                     : p.a_scale) +
+                     static_cast<int64_t>(k_first) * kScaleBytes;
     }
   }
 
-  // k-tile k_first + kt into the stage at `codes`.
-  __device__ __forceinline__ void load(uint8_t* codes, int kt, int tid) const {
+  // The next k-tile (k_first, then k_first + 1, ...) into the stage at `codes`.
+  __device__ __forceinline__ void load_next(uint8_t* codes, int tid) {
     uint8_t* const scales = codes + kRows * kCodeBytes;
 #pragma unroll
     for (int j = 0; j < kCodeCopies; ++j) {
       if ((kRows * 2) % kThreads != 0 && tid + j * kThreads >= kRows * 2) break;
-      const int64_t offset = code_valid[j] ? static_cast<int64_t>(kt) * kCodeBytes : 0;
-      cp_async_16(codes + (tid + j * kThreads) * 16, code_src[j] + offset, code_valid[j]);
+      cp_async_16(codes + (tid + j * kThreads) * 16, code_src[j], code_valid[j]);
+      code_src[j] += kCodeBytes;
     }
 #pragma unroll
     for (int j = 0; j < kScaleCopies; ++j) {
       if (kRows % kThreads != 0 && tid + j * kThreads >= kRows) break;
-      const int64_t offset = scale_valid[j] ? static_cast<int64_t>(kt) * kScaleBytes : 0;
-      cp_async_4(scales + (tid + j * kThreads) * kScaleBytes, scale_src[j] + offset, scale_valid[j]);
+      cp_async_4(scales + (tid + j * kThreads) * kScaleBytes, scale_src[j], scale_valid[j]);
+      scale_src[j] += kScaleBytes;
     }
   }
 };
+
+// One 16-element block (its 8 bytes of codes and its scale byte) as two 16-byte chunks of fp16 values, each
+// times 2^-14, the elements within a chunk in decode8's order.
+__device__ __forceinline__ void dequantize_block(uint2 packed, uint32_t scale_byte, uint4& first, uint4& second) {
+  const __half2 scale = e4m3_to_half2(scale_byte);
+  uint32_t lo[4], hi[4];
+  decode8(packed.x, lo);
+  decode8(packed.y, hi);
+  first.x = scale_pair(lo[0], scale), first.y = scale_pair(lo[1], scale);
+  first.z = scale_pair(lo[2], scale), first.w = scale_pair(lo[3], scale);
+  second.x = scale_pair(hi[0], scale), second.y = scale_pair(hi[1], scale);
+  second.z = scale_pair(hi[2], scale), second.w = scale_pair(hi[3], scale);
+}
 
 // Every staged 16-element block once into the fp16 tile [kRows][128 bytes] (half_tile_offset's swizzle):
 // two 16-byte chunks per block. Within a chunk the elements sit in decode8's order; A and B share it, so
@@ -189,16 +203,8 @@ __device__ __forceinline__ void dequantize_packed_k_tile(const uint8_t* codes, u
   for (int j = 0; j < (kRows * 4 + kThreads - 1) / kThreads; ++j) {
     const int i = tid + j * kThreads;
     if ((kRows * 4) % kThreads != 0 && i >= kRows * 4) break;
-    const uint2 packed = *reinterpret_cast<const uint2*>(codes + 8 * i);
-    const __half2 scale = e4m3_to_half2(scales[i]);
-    uint32_t lo[4], hi[4];
-    decode8(packed.x, lo);
-    decode8(packed.y, hi);
     uint4 first, second;
-    first.x = scale_pair(lo[0], scale), first.y = scale_pair(lo[1], scale);
-    first.z = scale_pair(lo[2], scale), first.w = scale_pair(lo[3], scale);
-    second.x = scale_pair(hi[0], scale), second.y = scale_pair(hi[1], scale);
-    second.z = scale_pair(hi[2], scale), second.w = scale_pair(hi[3], scale);
+    dequantize_block(*reinterpret_cast<const uint2*>(codes + 8 * i), scales[i], first, second);
     const uint32_t offset = first_chunk + j * (kThreads / 4) * kHalfRowBytes;
     *reinterpret_cast<uint4*>(half_tile + offset) = first;
     *reinterpret_cast<uint4*>(half_tile + (offset ^ 16)) = second;  // chunk 2 * block + 1
@@ -250,8 +256,9 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
   const int k_first = static_cast<int>(static_cast<int64_t>(all_k_tiles) * blockIdx.z / p.split_k);
   const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (blockIdx.z + 1) / p.split_k) - k_first;
 
-  const PackedTileLoader<BM, T::kRows, kThreads> loader(p, m0, n0, k_first, tid);
-  auto stage_k_tile = [&](int kt, int slot) { loader.load(stages + slot * T::kStageBytes, kt, tid); };
+  PackedTileLoader<BM, T::kRows, kThreads> loader(p, m0, n0, k_first, tid);
+  // k-tiles are staged in order, each once
+  auto stage_k_tile = [&](int slot) { loader.load_next(stages + slot * T::kStageBytes, tid); };
   auto dequantize_k_tile = [&](int slot, uint8_t* half_tile) {
     dequantize_packed_k_tile<T::kRows, kThreads>(stages + slot * T::kStageBytes, half_tile, tid);
   };
@@ -288,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
   // buffer while the MMAs read k-tile kt from the other, so one warp's ALU work overlaps another's MMAs.
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
-    if (s < k_tiles) stage_k_tile(s, s);
+    if (s < k_tiles) stage_k_tile(s);
     cp_async_commit();
   }
   cp_async_wait<kStages - 1>();  // k-tile 0 staged
@@ -299,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
     // Every thread has staged k-tile kt+1 and written the fp16 tile of kt, and is done with k-tile kt's
     // stage (refilled now) and with the fp16 tile of kt-1 (overwritten by kt+1 now).
     __syncthreads();
-    if (kt + kStages < k_tiles) stage_k_tile(kt + kStages, kt % kStages);
+    if (kt + kStages < k_tiles) stage_k_tile(kt % kStages);
     cp_async_commit();
     if (kt + 1 < k_tiles) dequantize_k_tile((kt + 1) % kStages, halves + ((kt + 1) & 1) * T::kHalfBytes);
     multiply_k_tile(halves + (kt & 1) * T::kHalfBytes);
@@ -383,6 +390,23 @@ int fused_gemm_can_implement(FP4GEN_FUSED_GEMM_PARAMS) {
   a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, lda, lda_scale, ldb, \
       ldb_scale, split_k, ldc, ldd, row_is_vector, col_is_vector, workspace
 
+namespace fused_gemm {
+
+// The kernels' parameters; the partial sums of split K at the start of the workspace.
+inline Params make_params(FP4GEN_FUSED_GEMM_PARAMS) {
+  return Params{a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, bias, alpha, beta,
+                m, n, k, lda, lda_scale, ldb, ldb_scale, ldc, ldd,
+                row_is_vector != 0, col_is_vector != 0, static_cast<int>(split_k), static_cast<float*>(workspace)};
+}
+
+template <class OutT>
+void launch_split_k_epilogue(const Params& params, cudaStream_t stream) {
+  const int64_t blocks = std::min<int64_t>((params.m * params.n + 255) / 256, 4096);  // grid-stride beyond
+  split_k_epilogue_kernel<OutT><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(params);
+}
+
+}  // namespace fused_gemm
+
 // Checks the problem and launches kKernel, a GEMM over the packed operands with BM x BN tiles, kThreads
 // threads and kSmemBytes of dynamic shared memory (and, with split K, the kernel that adds the partial sums).
 template <int BM, int BN, class OutT, auto kKernel, int kThreads, int kSmemBytes>
@@ -395,17 +419,11 @@ int launch_packed_gemm(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = opt_in_shared_bytes<kKernel>(device, kSmemBytes);
   if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
-  const fused_gemm::Params params{a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, bias, alpha, beta,
-                                  m, n, k, lda, lda_scale, ldb, ldb_scale, ldc, ldd,
-                                  row_is_vector != 0, col_is_vector != 0, static_cast<int>(split_k),
-                                  static_cast<float*>(workspace)};
+  const fused_gemm::Params params = fused_gemm::make_params(FP4GEN_FUSED_GEMM_ARGS);
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
                   static_cast<unsigned>(split_k));
   kKernel<<<grid, kThreads, kSmemBytes, stream>>>(params);
-  if (split_k > 1) {
-    const int64_t blocks = std::min<int64_t>((m * n + 255) / 256, 4096);  // grid-stride beyond
-    fused_gemm::split_k_epilogue_kernel<OutT><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(params);
-  }
+  if (split_k > 1) fused_gemm::launch_split_k_epilogue<OutT>(params, stream);
   return launch_status();
 }
 

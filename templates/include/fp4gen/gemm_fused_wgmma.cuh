@@ -2,19 +2,26 @@
 //     D[i, j] = beta * C[i, j] + (alpha * (row_amax[i or 0] * (col_amax[j or 0] * sum_k A[i, k] B[j, k]))
 //               + bias[j])
 // the same problem, parameters and epilogue as gemm_fused_dequant.cuh, whose staging and on-chip
-// dequantization it shares; what differs is the multiply.
+// dequantization it shares; what differs is the multiply, and A.
 //
 // Why: the mma.sync kernel issues its MMAs from the same warps that dequantize, and mma.sync reaches only
 // part of Hopper's tensor-core rate; the wgmma family reads bf16 scratch that a separate pass wrote. Here
 // one warp group per 64 rows of the tile issues asynchronous wgmma (fp16 in, fp32 accumulate, both operands
 // from shared memory) for k-tile kt and, while the tensor cores run it, stages k-tile kt + kStages and
-// dequantizes k-tile kt + 1 into the other fp16 buffer. No operand passes through global memory as fp16.
+// dequantizes B's k-tile kt + 1 into the other fp16 buffer.
+//
+// A is dequantized once per GEMM, by a first kernel, into fp16 rows in the workspace (M x K x 2 bytes), and
+// each CTA copies its k-tiles of them as they are. Dequantizing A on chip instead cost every CTA of a tile
+// row the same work again (N / BN times), and at small M, where this kernel is used, A's copy is small; on
+// the H200 it made M = 128, N = K = 8192 8% faster (bench/RESULTS.md). B, the large operand, never passes
+// through global memory as fp16.
 //
 // The fp16 tile is the 128-byte-swizzled K-major layout wgmma reads: rows of 64 elements (128 bytes), chunk
 // c of row r at chunk c ^ (r % 8), eight-row groups 1024 bytes apart, the buffer 1024-byte aligned;
 // half_tile_offset computes exactly this.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -39,15 +46,24 @@ struct Tile {
   static_assert(BN % 64 == 0 && BN <= 256, "wgmma N up to 256; whole eight-row swizzle groups");
   static constexpr int kWarpGroups = BM / 64;
   static constexpr int kThreads = 128 * kWarpGroups;
-  static constexpr int kRows = BM + BN;
-  static constexpr int kStageBytes = kRows * (kCodeBytes + kScaleBytes);
-  static constexpr int kStages = 4;
-  static constexpr int kHalfBytes = kRows * kHalfRowBytes;  // whole 1024-byte groups: kRows is a multiple of 64
-  // two fp16 tiles (the one the tensor cores read, the one being written) first, at the aligned base; the
-  // stages after them; slack to align the base. (A third tile, so that the tensor cores keep a k-tile queued
-  // across the barrier, measured slower on the H200: it halves the CTAs per multiprocessor of 128x128 tiles.)
+  // k-tiles in flight, of B's codes and scales and of A's fp16 rows; three keep tiles of N <= 128 within
+  // half a multiprocessor's shared memory, so two CTAs share one (four warps per scheduler)
+  static constexpr int kStages = 3;
+  static constexpr int kStageBytes = BN * (kCodeBytes + kScaleBytes);
+  // A's fp16 k-tiles, copied as they are: one slot more than the stages, because the slot refilled in
+  // iteration kt is the one k-tile kt - 1's wgmma read (finished), not kt's (still running)
+  static constexpr int kASlots = kStages + 1;
+  static constexpr int kASlotBytes = BM * kHalfRowBytes;
+  // B's fp16 tiles: the one the tensor cores read, the one being written. (A third, so that the tensor cores
+  // keep a k-tile queued across the barrier, measured slower on the H200 in the kernel that also dequantized A.)
   static constexpr int kBuffers = 2;
-  static constexpr int kSmemBytes = kSwizzleBytes + kBuffers * kHalfBytes + kStages * kStageBytes;
+  static constexpr int kHalfBytes = BN * kHalfRowBytes;  // whole 1024-byte groups: BN is a multiple of 64
+  // the swizzled tiles first, at the aligned base; the stages after them; slack to align the base
+  static constexpr int kSmemBytes =
+      kSwizzleBytes + kASlots * kASlotBytes + kBuffers * kHalfBytes + kStages * kStageBytes;
+  // two CTAs a multiprocessor where shared memory allows (for 256 threads that caps registers at 128 a
+  // thread: enough for a 64 x 128 accumulator)
+  static constexpr int kMinBlocks = BN <= 128 ? 2 : 1;
 };
 
 // The wgmma operation m64 x BN x k16, fp16 operands K-major in shared memory, fp32 accumulators.
@@ -101,16 +117,65 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t
   if (col + 1 < p.n) fused_gemm::store_epilogue<OutT>(p, row, col + 1, acc1);
 }
 
+// A's block-scaled values as fp16 (each times 2^-14, decode8's order within 16-byte chunks), row-major,
+// k * 2 bytes a row: every CTA of a tile row would otherwise dequantize the same A tile again (N / BN times).
+__global__ void __launch_bounds__(256) dequantize_a_kernel(const Params p, uint8_t* a_half) {
+  const int64_t blocks_per_row = p.k / 16, blocks = p.m * blocks_per_row;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < blocks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / blocks_per_row, block = i - row * blocks_per_row;
+    uint4 first, second;
+    fused_gemm::dequantize_block(*reinterpret_cast<const uint2*>(p.a_codes + row * p.lda + block * 8),
+                                 p.a_scale[row * p.lda_scale + block], first, second);
+    uint4* const out = reinterpret_cast<uint4*>(a_half + row * p.k * 2 + block * 32);
+    out[0] = first, out[1] = second;
+  }
+}
+
+// Copies k-tiles of A's fp16 rows m0 .. m0 + BM - 1 into a slot in the swizzled layout wgmma reads; rows
+// past M are zero-filled. A thread copies the same rows and 16-byte chunk in every k-tile, and the k-tiles
+// go in order: load_next moves the addresses one k-tile on.
+template <int BM, int kThreads>
+struct HalfTileLoader {
+  static_assert(kThreads % 64 == 0, "a thread's rows keep their residue modulo 8, hence their swizzle");
+  static constexpr int kCopies = BM * 8 / kThreads;
+  const uint8_t* src[kCopies];
+  bool valid[kCopies];
+  uint32_t dst[kCopies];
+
+  __device__ __forceinline__ HalfTileLoader(const Params& p, const uint8_t* a_half, int64_t m0, int k_first,
+                                            int tid) {
+#pragma unroll
+    for (int j = 0; j < kCopies; ++j) {
+      const int row = (tid + j * kThreads) >> 3, chunk = tid & 7;
+      valid[j] = m0 + row < p.m;
+      src[j] = (valid[j] ? a_half + (m0 + row) * p.k * 2 : a_half) + static_cast<int64_t>(k_first) * kHalfRowBytes +
+               chunk * 16;  // a zero-filled copy's address stays inside row 0: it is never read
+      dst[j] = fused_gemm::half_tile_offset(row, chunk);
+    }
+  }
+
+  __device__ __forceinline__ void load_next(uint8_t* slot) {
+#pragma unroll
+    for (int j = 0; j < kCopies; ++j) {
+      cp_async_16(slot + dst[j], src[j], valid[j]);
+      src[j] += kHalfRowBytes;
+    }
+  }
+};
+
 template <int BM, int BN, class OutT>
-__global__ void __launch_bounds__(Tile<BM, BN>::kThreads, 1) gemm_kernel(const Params p) {
+__global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBlocks)
+    gemm_kernel(const Params p, const uint8_t* a_half) {
   using T = Tile<BM, BN>;
   constexpr int kThreads = T::kThreads, kStages = T::kStages;
   extern __shared__ uint8_t smem_raw[];
   // aligned by an offset from smem_raw, not through an integer cast, so the compiler still knows these
   // are shared-memory addresses (LDS/STS rather than generic loads and stores)
   const uint32_t misalignment = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & (kSwizzleBytes - 1);
-  uint8_t* const halves = smem_raw + ((kSwizzleBytes - misalignment) & (kSwizzleBytes - 1));
-  uint8_t* const stages = halves + T::kBuffers * T::kHalfBytes;  // kStages x [codes kRows x 32 | scales kRows x 4]
+  uint8_t* const a_slots = smem_raw + ((kSwizzleBytes - misalignment) & (kSwizzleBytes - 1));
+  uint8_t* const halves = a_slots + T::kASlots * T::kASlotBytes;  // B's fp16 tiles
+  uint8_t* const stages = halves + T::kBuffers * T::kHalfBytes;   // kStages x [codes BN x 32 | scales BN x 4]
 
   const int tid = threadIdx.x, lane = tid & 31, warp_group = tid >> 7, warp = (tid >> 5) & 3;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * BM, n0 = static_cast<int64_t>(blockIdx.x) * BN;
@@ -118,35 +183,46 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, 1) gemm_kernel(const P
   const int k_first = static_cast<int>(static_cast<int64_t>(all_k_tiles) * blockIdx.z / p.split_k);
   const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (blockIdx.z + 1) / p.split_k) - k_first;
 
-  const fused_gemm::PackedTileLoader<BM, T::kRows, kThreads> loader(p, m0, n0, k_first, tid);
-  auto stage_k_tile = [&](int kt, int slot) { loader.load(stages + slot * T::kStageBytes, kt, tid); };
-  auto dequantize_k_tile = [&](int kt) {
-    fused_gemm::dequantize_packed_k_tile<T::kRows, kThreads>(stages + (kt % kStages) * T::kStageBytes,
-                                                             halves + (kt % T::kBuffers) * T::kHalfBytes, tid);
-    fence_async_shared();
+  // B's rows only (a loader over zero rows of A)
+  fused_gemm::PackedTileLoader<0, BN, kThreads> b_loader(p, m0, n0, k_first, tid);
+  HalfTileLoader<BM, kThreads> a_loader(p, a_half, m0, k_first, tid);
+  // k-tiles are staged in order, each once: B's codes and scales into a stage, A's rows into an A slot
+  auto stage_k_tile = [&](int stage, int a_slot) {
+    b_loader.load_next(stages + stage * T::kStageBytes, tid);
+    a_loader.load_next(a_slots + a_slot * T::kASlotBytes);
   };
+  auto dequantize_k_tile = [&](int stage, int buffer) {
+    fused_gemm::dequantize_packed_k_tile<BN, kThreads>(stages + stage * T::kStageBytes,
+                                                       halves + buffer * T::kHalfBytes, tid);
+  };
+  auto next = [](int index, int count) { return index + 1 == count ? 0 : index + 1; };
 
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
 
-  const uint32_t halves_address = static_cast<uint32_t>(__cvta_generic_to_shared(halves));
-  // this warp group's 64 rows of A, and all of B; a k16 step is 32 bytes further along the rows
-  auto multiply_k_tile = [&](int kt) {
-    const uint32_t tile = halves_address + (kt % T::kBuffers) * T::kHalfBytes;
-    const uint32_t a = tile + warp_group * 64 * kHalfRowBytes, b = tile + BM * kHalfRowBytes;
+  // Descriptors of this warp group's 64 rows of A in slot 0 and of B's buffer 0; a slot, a buffer or a k16
+  // step (32 bytes along the rows) further is that many 16-byte units added to the address field, which
+  // cannot carry out of it (shared addresses stay below 2^18).
+  const uint64_t a_descriptor = sw128_descriptor(static_cast<uint32_t>(__cvta_generic_to_shared(a_slots)) +
+                                                 warp_group * 64 * kHalfRowBytes);
+  const uint64_t b_descriptor = sw128_descriptor(static_cast<uint32_t>(__cvta_generic_to_shared(halves)));
+  auto multiply_k_tile = [&](int a_slot, int buffer) {
+    const uint64_t a = a_descriptor + a_slot * (T::kASlotBytes >> 4);
+    const uint64_t b = b_descriptor + buffer * (T::kHalfBytes >> 4);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kTileK / 16; ++kk)
-      wgmma<Mma<BN>>(sw128_descriptor(a + 32 * kk), sw128_descriptor(b + 32 * kk), acc,
-                     std::make_index_sequence<BN / 2>{});
+      wgmma<Mma<BN>>(a + 2 * kk, b + 2 * kk, acc, std::make_index_sequence<BN / 2>{});
     wgmma_commit();
   };
 
-  // One barrier per k-tile. At its top, iteration kt finds k-tile kt in fp16 buffer kt % 2 (written and
-  // fenced by every thread) and k-tile kt + 1 staged. It issues kt's wgmma, refills the stage k-tile kt left
-  // (with kt + kStages), dequantizes kt + 1 into the other buffer while the tensor cores work, and waits for
-  // its wgmma and for k-tile kt + 2's copies before the barrier.
+  // One barrier per k-tile. At its top, iteration kt finds k-tile kt's A slot and B fp16 tile written and
+  // fenced by every thread, and k-tile kt + 1 staged. It issues kt's wgmma, stages k-tile kt + kStages (B's
+  // codes where kt's were, A into the slot kt - 1's wgmma read), dequantizes B's kt + 1 into the other
+  // buffer while the tensor cores work, and waits for its wgmma and for k-tile kt + 2's copies before the
+  // barrier. The fence after the wait makes both the copied A rows and the dequantized B rows visible to
+  // wgmma (the async proxy). Slots and stages advance as running indices (no division in the loop).
 #pragma unroll
   for (int s = 0; s < kStages; ++s) {
     if (s < k_tiles) stage_k_tile(s, s);
@@ -154,19 +230,24 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, 1) gemm_kernel(const P
   }
   cp_async_wait<kStages - 1>();  // k-tile 0
   __syncthreads();
-  dequantize_k_tile(0);
+  dequantize_k_tile(0, 0);
   cp_async_wait<kStages - 2>();  // k-tile 1
+  fence_async_shared();
   __syncthreads();
+  int a_read = 0, stage_write = 0, a_write = kStages % T::kASlots, stage_dequantize = 1 % kStages;
   for (int kt = 0; kt < k_tiles; ++kt) {
     fence_registers(acc);
-    multiply_k_tile(kt);
-    if (kt + kStages < k_tiles) stage_k_tile(kt + kStages, kt % kStages);
+    multiply_k_tile(a_read, kt & 1);
+    if (kt + kStages < k_tiles) stage_k_tile(stage_write, a_write);
     cp_async_commit();
-    if (kt + 1 < k_tiles) dequantize_k_tile(kt + 1);
+    if (kt + 1 < k_tiles) dequantize_k_tile(stage_dequantize, (kt + 1) & 1);
     cp_async_wait<kStages - 2>();
+    fence_async_shared();
     wgmma_wait<0>();
     fence_registers(acc);
     __syncthreads();
+    a_read = next(a_read, T::kASlots), a_write = next(a_write, T::kASlots);
+    stage_write = next(stage_write, kStages), stage_dequantize = next(stage_dequantize, kStages);
   }
 
   // The accumulator of m64nBNk16: for value i of a thread, row 16 * warp + lane / 4 + 8 * (i / 2 % 2) and
@@ -193,13 +274,48 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, 1) gemm_kernel(const P
   }
 }
 
+// The workspace: split K's partial sums (fused_gemm_workspace_size), then A's fp16 copy at a 256-byte
+// boundary.
+inline size_t half_a_offset(FP4GEN_FUSED_GEMM_PARAMS) {
+  return (fused_gemm_workspace_size(FP4GEN_FUSED_GEMM_ARGS) + 255) / 256 * 256;
+}
+
 }  // namespace fused_wgmma
+
+inline size_t fused_wgmma_workspace_size(FP4GEN_FUSED_GEMM_PARAMS) {
+  if (m <= 0 || n <= 0) return 0;
+  return fused_wgmma::half_a_offset(FP4GEN_FUSED_GEMM_ARGS) + static_cast<size_t>(m * k) * 2;
+}
+
+// The packed kernels' rules, and a workspace for A's fp16 copy whenever there is work.
+template <int BM, int BN>
+int fused_wgmma_can_implement(FP4GEN_FUSED_GEMM_PARAMS) {
+  const int status = fused_gemm_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
+  if (status != kOk) return status;
+  return m > 0 && n > 0 && workspace == nullptr ? kInvalidProblem : kOk;
+}
 
 template <int BM, int BN, class OutT>
 int fused_wgmma_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   using T = fused_wgmma::Tile<BM, BN>;
-  return launch_packed_gemm<BM, BN, OutT, fused_wgmma::gemm_kernel<BM, BN, OutT>, T::kThreads, T::kSmemBytes>(
-      FP4GEN_FUSED_GEMM_ARGS, stream);
+  constexpr auto kKernel = fused_wgmma::gemm_kernel<BM, BN, OutT>;
+  const int status = fused_wgmma_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
+  if (status != kOk) return status;
+  if (m == 0 || n == 0) return kOk;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = opt_in_shared_bytes<kKernel>(device, T::kSmemBytes);
+  if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
+  const fused_gemm::Params params = fused_gemm::make_params(FP4GEN_FUSED_GEMM_ARGS);
+  uint8_t* const a_half = static_cast<uint8_t*>(workspace) + fused_wgmma::half_a_offset(FP4GEN_FUSED_GEMM_ARGS);
+  const int64_t a_blocks = m * (k / 16);
+  fused_wgmma::dequantize_a_kernel<<<static_cast<unsigned>(std::min<int64_t>((a_blocks + 255) / 256, 8192)), 256,
+                                     0, stream>>>(params, a_half);
+  const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
+                  static_cast<unsigned>(split_k));
+  kKernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(params, a_half);
+  if (split_k > 1) fused_gemm::launch_split_k_epilogue<OutT>(params, stream);
+  return launch_status();
 }
 
 }  // namespace fp4gen
