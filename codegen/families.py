@@ -322,8 +322,10 @@ FAMILIES = {
             "out_dtype": _GEMM_OUT_DTYPES,
             "tile": TileTokens(tables.GEMM_TILES),
             "schedule": {"cooperative": "coop", "pingpong": "pingpong"},
+            "cluster": {"1x1": "", "2x1": "cl2x1", "1x2": "cl1x2"},  # 1x1 adds nothing to the name
             "arch": {"sm90a": "sm90a"},
         },
+        defaults=(("cluster", "1x1"),),  # a spec without the axis declares single-CTA kernels
         params=(
             Param("a", "const void*"),  # [M, K] bf16 block-scaled values, row stride lda
             Param("b", "const void*"),  # [N, K] bf16 block-scaled values, row stride ldb

@@ -99,6 +99,11 @@ WGMMA_FUSED_GEMM_TILES = GemmTiles((64, 128), 64, 256, (64,), ("128x256x64", "12
 # or alternating between tiles (pingpong).
 GEMM_SCHEDULES = {"cooperative": {"pingpong": False}, "pingpong": {"pingpong": True}}
 
+# Hopper thread-block clusters of the CUTLASS GEMM (CTAs along M x along N): a cluster's CTAs share each
+# operand tile that they have in common through TMA multicast, one L2 read for several CTAs.
+GEMM_CLUSTERS = {"1x1": {"cluster_m": 1, "cluster_n": 1}, "2x1": {"cluster_m": 2, "cluster_n": 1},
+                 "1x2": {"cluster_m": 1, "cluster_n": 2}}
+
 # C parameter type -> how the runtime passes it through ctypes (manifest "params" entries carry these kinds)
 C_PARAM_KINDS = {
     "const void*": "pointer",
@@ -127,6 +132,7 @@ AXIS_TABLES = {
     "fused_tile": FUSED_GEMM_TILES,
     "packed_tile": WGMMA_FUSED_GEMM_TILES,
     "schedule": GEMM_SCHEDULES,
+    "cluster": GEMM_CLUSTERS,
     "rounding": ROUNDINGS,
     "hadamard": HADAMARDS,
     "four_over_six": FOUR_OVER_SIX,

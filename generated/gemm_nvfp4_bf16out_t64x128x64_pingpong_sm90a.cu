@@ -2,7 +2,8 @@
 // Do not edit: change the spec or templates/, then run python build.py.
 #include "fp4gen/gemm_sm90.cuh"
 
-using G = fp4gen::Sm90BilateralGemm<cutlass::bfloat16_t, 64, 128, 64, true>;
+using G = fp4gen::Sm90BilateralGemm<cutlass::bfloat16_t, 64, 128, 64, true,
+                                    1, 1>;
 
 FP4GEN_EXPORT int gemm_nvfp4_bf16out_t64x128x64_pingpong_sm90a_can_implement(const void* a, const void* b, const void* c, void* d, const float* row_amax, const float* col_amax, const float* bias, float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void* workspace) {
   return fp4gen::gemm_can_implement<G>(a, b, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, lda, ldb, ldc, ldd, row_is_vector, col_is_vector, workspace);

@@ -125,7 +125,7 @@ def test_no_measurement_means_the_rule(dispatcher, monkeypatch, manifest_with_ne
     assert dispatcher.choose(1000, 4096, 1024) == NEW_TILE  # the first eager call that may measure
     # FP4GEN_KERNEL beats a measurement
     ops.clear_plans()
-    forced = "gemm_nvfp4_bf16out_t128x256x64_coop_sm90a"
+    forced = "gemm_nvfp4_bf16out_t128x256x64_coop_cl2x1_sm90a"
     monkeypatch.setenv("FP4GEN_KERNEL", forced)
     assert dispatcher.choose(1000, 4096, 1024) == forced
 

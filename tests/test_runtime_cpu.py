@@ -233,10 +233,10 @@ def test_gemm_tile_choice_follows_m():
     assert chosen(65).endswith("packed_bf16out_t128x128x64_sm90a")
     assert chosen(128).endswith("packed_bf16out_t128x128x64_sm90a") and chosen(256).endswith("t128x128x64_sm90a")
     # beyond, the wgmma tiles over scratch: the tallest no taller than M
-    assert chosen(257).endswith("t128x256x64_coop_sm90a") and chosen(8192).endswith("t128x256x64_coop_sm90a")
+    assert chosen(257).endswith("t128x256x64_coop_cl2x1_sm90a") and chosen(8192).endswith("t128x256x64_coop_cl2x1_sm90a")
     # the fused kernels take whole 64-element k-tiles; otherwise small M gets the 64-row wgmma tile
     assert chosen(16, cols=48).endswith("t64x128x64_pingpong_sm90a")
-    assert chosen(200, cols=48).endswith("t128x256x64_coop_sm90a")
+    assert chosen(200, cols=48).endswith("t128x256x64_coop_cl2x1_sm90a")
 
 
 def test_split_k_fills_the_gpu_for_small_m_only():

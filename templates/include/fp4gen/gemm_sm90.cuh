@@ -18,13 +18,14 @@
 
 namespace fp4gen {
 
-template <class ElementD_, int kTileM, int kTileN, int kTileK, bool kPingpong>
+template <class ElementD_, int kTileM, int kTileN, int kTileK, bool kPingpong, int kClusterM, int kClusterN>
 struct Sm90BilateralGemm {
   using ElementAB = cutlass::bfloat16_t;
   using ElementD = ElementD_;
   using ElementC = ElementD_;
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  // CTAs of a cluster along M share B's tile, along N A's: TMA multicasts it to all of them from one L2 read
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>;
   using KernelSchedule = std::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                             cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using EpilogueSchedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
