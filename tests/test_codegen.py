@@ -81,6 +81,31 @@ def test_an_axis_with_a_default_may_be_left_out_and_adds_no_name_token(tmp_path)
         load_spec(rowwise)
 
 
+def test_a_cluster_is_a_yaml_value_rendered_into_the_kernel(tmp_path):
+    # gemm_sm90's `cluster` axis: left out it is 1x1 (no name token, the names from before the axis); a
+    # declared cluster names the kernel and reaches CUTLASS's ClusterShape through the template arguments
+    path = tmp_path / "clusters.yaml"
+    path.write_text("family: gemm_sm90\naxes: {out_dtype: [bf16], tile: [128x256x64], schedule: [cooperative],"
+                    " cluster: [1x1, 2x1, 1x2], arch: [sm90a]}\n")
+    variants = expand(load_spec(path))
+    assert [kernel_name(v) for v in variants] == [
+        "gemm_nvfp4_bf16out_t128x256x64_coop_sm90a", "gemm_nvfp4_bf16out_t128x256x64_coop_cl2x1_sm90a",
+        "gemm_nvfp4_bf16out_t128x256x64_coop_cl1x2_sm90a"]
+    files = render_all(ROOT, specs_dir=tmp_path)
+    for name, cluster in (("coop", "1, 1"), ("coop_cl2x1", "2, 1"), ("coop_cl1x2", "1, 2")):
+        source = files[f"gemm_nvfp4_bf16out_t128x256x64_{name}_sm90a.cu"]
+        assert f"128, 256, 64, false,\n{' ' * 36}{cluster}>;" in source, name
+
+
+def test_packed_wgmma_tiles_state_how_many_ctas_share_a_multiprocessor():
+    # split K aims at this many CTAs a multiprocessor (select.split_k): two 128x128 or 64x128 CTAs fit one
+    # (gemm_fused_wgmma.cuh, Tile::kMinBlocks), a 128x256 one does not share
+    from codegen.tables import WGMMA_FUSED_GEMM_TILES
+    ctas = {tile: WGMMA_FUSED_GEMM_TILES[tile]["split_ctas_per_multiprocessor"]
+            for tile in ("64x128x64", "128x128x64", "128x256x64")}
+    assert ctas == {"64x128x64": 2, "128x128x64": 2, "128x256x64": 1}
+
+
 def test_two_specs_declaring_one_kernel_is_an_error(tmp_path):
     (tmp_path / "a.yaml").write_text(GOOD)
     (tmp_path / "b.yaml").write_text(GOOD.replace("[bf16, fp32]", "[fp32]"))
