@@ -91,8 +91,9 @@ FUSED_GEMM_TILES = GemmTiles((16, 32, 64, 128), 64, 128, (64,), ("16x64x64", "64
 # k-tiles. reads_packed_operands as above.
 WGMMA_FUSED_GEMM_TILES = GemmTiles((64, 128), 64, 256, (64,), ("128x256x64", "128x128x64", "64x128x64"),
                                    facts={"reads_packed_operands": True, "packed_wgmma": True,
-                                          # two CTAs share a multiprocessor up to tile N = 128
-                                          # (gemm_fused_wgmma.cuh, Tile::kMinBlocks), one above
+                                          # two CTAs share a multiprocessor up to tile N = 128, one
+                                          # above: the kernels' launch bound too (gemm_fused_wgmma.cuh
+                                          # checks that shared memory holds that many)
                                           "split_ctas_per_multiprocessor": lambda m, n, k: 2 if n <= 128 else 1})
 
 # Hopper GEMM kernel schedules: two consumer warp groups sharing a tile (cooperative, needs tile M >= 128)

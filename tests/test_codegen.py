@@ -99,7 +99,7 @@ def test_a_cluster_is_a_yaml_value_rendered_into_the_kernel(tmp_path):
 
 def test_packed_wgmma_tiles_state_how_many_ctas_share_a_multiprocessor():
     # split K aims at this many CTAs a multiprocessor (select.split_k): two 128x128 or 64x128 CTAs fit one
-    # (gemm_fused_wgmma.cuh, Tile::kMinBlocks), a 128x256 one does not share
+    # (the kernels' launch bound, checked against shared memory in gemm_fused_wgmma.cuh), a 128x256 one does not
     from codegen.tables import WGMMA_FUSED_GEMM_TILES
     ctas = {tile: WGMMA_FUSED_GEMM_TILES[tile]["split_ctas_per_multiprocessor"]
             for tile in ("64x128x64", "128x128x64", "128x256x64")}

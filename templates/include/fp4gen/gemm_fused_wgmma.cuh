@@ -61,10 +61,16 @@ struct Tile {
   // the swizzled tiles first, at the aligned base; the stages after them; slack to align the base
   static constexpr int kSmemBytes =
       kSwizzleBytes + kASlots * kASlotBytes + kBuffers * kHalfBytes + kStages * kStageBytes;
-  // two CTAs a multiprocessor where shared memory allows (for 256 threads that caps registers at 128 a
-  // thread: enough for a 64 x 128 accumulator)
-  static constexpr int kMinBlocks = BN <= 128 ? 2 : 1;
 };
+
+// kCtas CTAs a multiprocessor: the tile fact split_ctas_per_multiprocessor (codegen/tables.py), which split K
+// aims at too, passed in by the generated source. The launch bound makes the registers fit that many (for
+// 256 threads and two CTAs, 128 a thread: enough for a 64 x 128 accumulator); shared memory must fit too
+// (228 KB a multiprocessor, 1 KB of each CTA's the system's).
+template <int BM, int BN, int kCtas>
+constexpr bool fits_multiprocessor() {
+  return kCtas >= 1 && kCtas * (Tile<BM, BN>::kSmemBytes + 1024) <= 228 * 1024;
+}
 
 // The wgmma operation m64 x BN x k16, fp16 operands K-major in shared memory, fp32 accumulators.
 template <int BN>
@@ -164,9 +170,9 @@ struct HalfTileLoader {
   }
 };
 
-template <int BM, int BN, class OutT>
-__global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBlocks)
-    gemm_kernel(const Params p, const uint8_t* a_half) {
+template <int BM, int BN, int kCtas, class OutT>
+__global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(const Params p, const uint8_t* a_half) {
+  static_assert(fits_multiprocessor<BM, BN, kCtas>(), "the tile's shared memory does not fit kCtas CTAs");
   using T = Tile<BM, BN>;
   constexpr int kThreads = T::kThreads, kStages = T::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -295,10 +301,10 @@ int fused_wgmma_can_implement(FP4GEN_FUSED_GEMM_PARAMS) {
   return m > 0 && n > 0 && workspace == nullptr ? kInvalidProblem : kOk;
 }
 
-template <int BM, int BN, class OutT>
+template <int BM, int BN, int kCtas, class OutT>
 int fused_wgmma_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   using T = fused_wgmma::Tile<BM, BN>;
-  constexpr auto kKernel = fused_wgmma::gemm_kernel<BM, BN, OutT>;
+  constexpr auto kKernel = fused_wgmma::gemm_kernel<BM, BN, kCtas, OutT>;
   const int status = fused_wgmma_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
