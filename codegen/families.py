@@ -312,6 +312,39 @@ FAMILIES = {
              "stochastic rounding with 4over6: 4over6 chooses between two round-to-nearest candidates"),
         ),
     ),
+    "quantize_grouped": Family(
+        name="quantize_grouped",
+        op="quantize_grouped",
+        description="grouped x [T, K] (tokens sorted by group, group ends on the device) or stacked x [E, N, K] "
+                    "-> rowwise and/or per-group columnwise NVFP4 copies; every option at run time",
+        template="quantize_grouped.cu.j2",
+        name_prefix="quantize_grouped_nvfp4",
+        axes={"in_dtype": _tokens(tables.DTYPES), "arch": _tokens(tables.ARCHS)},
+        params=(
+            *_INPUT_PARAMS,
+            Param("offsets", "const int64_t*"),  # [groups] cumulative row ends (device)
+            Param("padded_ends", "const int64_t*"),  # [groups] cumulative ends of the padded sizes (multiples of 16)
+            Param("groups", "int64_t"),
+            Param("capacity", "int64_t"),  # padded rows, a multiple of 16 (>= padded_ends[-1])
+            Param("row_amax", "float*"),  # written: [rows] (vector_amax) or [groups]
+            Param("col_amax", "float*"),  # written: [groups, cols] (vector_amax) or [groups]
+            Param("row_data", "uint8_t*"),  # [rows, cols/2], contiguous, or null: no rowwise copy
+            Param("row_scale", "uint8_t*"),  # [rows, cols/16], contiguous
+            Param("col_data", "uint8_t*"),  # the columnwise copy (layout: quantize_grouped.cuh), or null
+            Param("col_scale", "uint8_t*"),
+            Param("col_group_stride", "int64_t"),  # codes bytes from one group's matrix to the next (stacked)
+            Param("col_row_stride", "int64_t"),  # codes bytes a row of the columnwise copy
+            Param("stacked", "int64_t"),  # 1: the columnwise copy is one [cols, rows of the group] matrix a group
+            _RNG_STATE_PARAM,
+            Param("vector_amax", "int64_t"),  # 1: per-row / per-(group, column) amaxes; 0: per group
+            Param("block_2d", "int64_t"),  # 1: 16x16 blocks (stacked, per group, no transform)
+            Param("hadamard", "int64_t"),  # 1: the columnwise copy from the 16-point RHT along rows
+            Param("four_over_six", "int64_t"),  # 0 none, 1 MAE, 2 MSE
+            Param("stochastic", "int64_t"),  # 1: stochastic rounding
+        ),
+        constraints={"cols_multiple_of": 16},
+        alignment={"x": 16},
+    ),
     "gemm_sm90": Family(
         name="gemm_sm90",
         op="gemm",

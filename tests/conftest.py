@@ -13,6 +13,15 @@ GOLDEN_DIR = Path(__file__).parent / "golden"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+def group_ends(sizes) -> list:
+    """Cumulative group ends (grouped operations' offsets) of a list of group sizes."""
+    ends, total = [], 0
+    for size in sizes:
+        total += size
+        ends.append(total)
+    return ends
+
+
 def golden_cases():
     """Every golden case; `rht` cases quantize their columnwise copy with hadamard=True."""
     return json.loads((GOLDEN_DIR / "index.json").read_text())

@@ -151,6 +151,40 @@ def test_built_quantize_options_library_checks_problems(name):
 
 
 @needs_build
+@pytest.mark.parametrize("name", _kernels("quantize_grouped"))
+def test_built_quantize_grouped_library_checks_problems(name):
+    kernel = library.load_kernel(name)
+    # x, stride, rows, cols, offsets, padded_ends, groups, capacity, row_amax, col_amax, row_data, row_scale,
+    # col_data, col_scale, col_group_stride, col_row_stride, stacked, rng, vector, 2d, hadamard, 4over6, stochastic
+    ok = (0x1000, 64, 40, 64, 0x2000, 0x2100, 3, 96, 0x3000, 0x3100, 0x4000, 0x5000, 0x6000, 0x7000, 0, 48, 0,
+          0x8000, 1, 0, 0, 0, 0)
+
+    def with_(**changes):
+        names = ("x stride rows cols offsets padded groups capacity row_amax col_amax row_data row_scale col_data "
+                 "col_scale group_stride row_stride stacked rng vector block_2d hadamard four_over_six stochastic")
+        args = dict(zip(names.split(), ok))
+        args.update(changes)
+        return tuple(args.values())
+
+    assert kernel.can_implement(*ok) == 0
+    assert kernel.workspace_size(*ok) == 0
+    assert kernel.can_implement(*with_(hadamard=1, stochastic=1)) == 0
+    assert kernel.can_implement(*with_(four_over_six=2)) == 0
+    assert kernel.can_implement(*with_(x=0x1008)) == 2  # x not 16-byte aligned
+    assert kernel.can_implement(*with_(cols=40)) == 1  # cols not a multiple of 16
+    assert kernel.can_implement(*with_(capacity=40)) == 1  # the padded row space is whole 16-row blocks
+    assert kernel.can_implement(*with_(groups=0)) == 1  # at least one group
+    assert kernel.can_implement(*with_(offsets=None)) == 1
+    assert kernel.can_implement(*with_(four_over_six=3)) == 1
+    assert kernel.can_implement(*with_(four_over_six=1, stochastic=1)) == 1  # 4over6 rounds to nearest
+    assert kernel.can_implement(*with_(stochastic=1, rng=None)) == 1  # stochastic rounding needs the state
+    assert kernel.can_implement(*with_(block_2d=1)) == 1  # 16x16 blocks: stacked, per group
+    assert kernel.can_implement(*with_(block_2d=1, vector=0, stacked=1)) == 0
+    assert kernel.can_implement(*with_(col_data=None, hadamard=1)) == 1  # the transform is of the columnwise copy
+    assert kernel.can_implement(*with_(row_stride=44)) == 1  # scale rows are codes rows / 8
+
+
+@needs_build
 @pytest.mark.parametrize("name", _kernels("amax"))
 def test_built_amax_library_checks_problems(name):
     kernel = library.load_kernel(name)

@@ -82,40 +82,58 @@ __device__ __forceinline__ void store_codes16(uint8_t* dst, uint64_t codes) {
   *reinterpret_cast<uint2*>(dst) = make_uint2(static_cast<uint32_t>(codes), static_cast<uint32_t>(codes >> 32));
 }
 
-template <class InT, bool kStochastic, bool kHadamard, bool kFourOverSix, bool kHardwareCvt>
-__global__ void __launch_bounds__(kOptThreads)
-    quantize_options_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
-                            const float* __restrict__ row_amax, const float* __restrict__ col_amax,
-                            uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale,
-                            uint8_t* __restrict__ col_data, uint8_t* __restrict__ col_scale,
-                            const int64_t* __restrict__ rng_state, bool vector_amax, bool block_2d, bool mse) {
-  __shared__ float tile[kOptTile][kOptTile + 1];
-  // 16x16 blocks: each 16x16 tile's decision, and the rowwise codes (one per byte) for the columnwise copy
-  __shared__ float row_block_amax[kOptTile][4];
-  __shared__ float row_errors[2][kOptTile][4];  // 4over6: map-to-4 and map-to-6 error of each block row
-  __shared__ uint8_t tile_codes[kOptTile][kOptTile];
-  __shared__ uint8_t tile_scale[kOptTile / 16][4];
-  const int64_t row0 = int64_t{blockIdx.x} * kOptTile, col0 = int64_t{blockIdx.y} * kOptTile;
-  stage_tile_fp32<InT, kOptTile, kOptThreads>(x, x_row_stride, rows, cols, row0, col0, tile);
-  __syncthreads();
-  uint64_t seed = 0, offset = 0;
-  if constexpr (kStochastic) seed = static_cast<uint64_t>(rng_state[0]), offset = static_cast<uint64_t>(rng_state[1]);
+// One 64 x 64 tile's shared memory: the tile widened to fp32 and, for 16x16 blocks, each 16x16 tile's decision
+// and the rowwise codes (one per byte) for the columnwise copy.
+struct OptionsTile {
+  float tile[kOptTile][kOptTile + 1];
+  float row_block_amax[kOptTile][4];
+  float row_errors[2][kOptTile][4];  // 4over6: map-to-4 and map-to-6 error of each block row
+  uint8_t tile_codes[kOptTile][kOptTile];
+  uint8_t tile_scale[kOptTile / 16][4];
+};
 
+// Where a dense x [rows, cols]'s tile at (row0, col0) goes. A layout answers, for the tile's rowwise block jb
+// of tile row r and its columnwise block g (16 rows) of tile column c: the block's index in its copy's scale
+// storage (-1: not written), which is also its codes' position (8 bytes a block) and its stochastic-rounding
+// block number; and the amax it is encoded under.
+struct DenseTileLayout {
+  int64_t rows, cols, row0, col0;
+  const float* row_amax_in;
+  const float* col_amax_in;
+  uint8_t *row_data, *row_scale, *col_data, *col_scale;
+  bool vector_amax;
+
+  __device__ __forceinline__ int64_t row_block(int r, int jb) const {
+    const int64_t row = row0 + r, block_col = col0 + 16 * jb;
+    return row < rows && block_col < cols ? row * (cols / 16) + block_col / 16 : -1;
+  }
+  __device__ __forceinline__ float row_amax(int r) const { return vector_amax ? row_amax_in[row0 + r] : row_amax_in[0]; }
+  __device__ __forceinline__ int64_t col_block(int c, int g) const {
+    const int64_t col = col0 + c, block_row = row0 + 16 * g;  // rows % 16 == 0 with a columnwise copy
+    return col < cols && block_row < rows ? col * (rows / 16) + block_row / 16 : -1;
+  }
+  __device__ __forceinline__ float col_amax(int c, int) const { return vector_amax ? col_amax_in[col0 + c] : col_amax_in[0]; }
+};
+
+// Encodes a staged tile (s.tile; callers synchronize after staging) into the copies `layout` names. Thread t
+// encodes the rowwise block t % 4 of tile row t / 4 and the columnwise block t / 64 of tile column t % 64. With
+// block_2d, a 16x16 tile's amax is the row_amax of its rows; rows the layout does not write must read as zeros.
+template <bool kStochastic, bool kHadamard, bool kFourOverSix, bool kHardwareCvt, class Layout>
+__device__ __forceinline__ void encode_options_tile(OptionsTile& s, const Layout& layout, uint64_t seed,
+                                                    uint64_t offset, bool block_2d, bool mse) {
   // rowwise: block jb of tile row r (with 16x16 blocks: a row of 16x16 tile jb)
   const int r = threadIdx.x / 4, jb = threadIdx.x % 4;
-  const int64_t row = row0 + r, block_col = col0 + 16 * jb;
-  const bool row_block_in = row < rows && block_col < cols;
+  const int64_t row_block = layout.row_block(r, jb);
   float v[16];
 #pragma unroll
-  for (int k = 0; k < 16; ++k) v[k] = tile[r][16 * jb + k];
-  const uint64_t row_block = static_cast<uint64_t>(row) * static_cast<uint64_t>(cols / 16) + block_col / 16;
+  for (int k = 0; k < 16; ++k) v[k] = s.tile[r][16 * jb + k];
   if (block_2d) {  // uniform across the CTA: the barriers below are reached by every thread
-    const float amax = row_amax[0];
-    row_block_amax[r][jb] = block_amax16(v);
+    const float amax = layout.row_amax(r);
+    s.row_block_amax[r][jb] = block_amax16(v);
     __syncthreads();
     float tile_amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) tile_amax = fmaxf(tile_amax, row_block_amax[r / 16 * 16 + i][jb]);
+    for (int i = 0; i < 16; ++i) tile_amax = fmaxf(tile_amax, s.row_block_amax[r / 16 * 16 + i][jb]);
     uint64_t codes;
     uint32_t scale_byte;
     if constexpr (kFourOverSix) {
@@ -123,12 +141,12 @@ __global__ void __launch_bounds__(kOptThreads)
       four_over_six_candidates(tile_amax, amax, map4, map6);
       const uint64_t q4 = encode16_nearest<kHardwareCvt>(v, map4.inverse);
       const uint64_t q6 = encode16_nearest<kHardwareCvt>(v, map6.inverse);
-      row_errors[0][r][jb] = four_over_six_row_error<false>(v, q4, map4.scale, amax, mse);
-      row_errors[1][r][jb] = four_over_six_row_error<false>(v, q6, map6.scale, amax, mse);
+      s.row_errors[0][r][jb] = four_over_six_row_error<false>(v, q4, map4.scale, amax, mse);
+      s.row_errors[1][r][jb] = four_over_six_row_error<false>(v, q6, map6.scale, amax, mse);
       __syncthreads();
       float e4[16], e6[16];  // the tile's 16 row errors, added as a tree: rows i and i + 8, then + 4, + 2, + 1
 #pragma unroll
-      for (int i = 0; i < 16; ++i) e4[i] = row_errors[0][r / 16 * 16 + i][jb], e6[i] = row_errors[1][r / 16 * 16 + i][jb];
+      for (int i = 0; i < 16; ++i) e4[i] = s.row_errors[0][r / 16 * 16 + i][jb], e6[i] = s.row_errors[1][r / 16 * 16 + i][jb];
 #pragma unroll
       for (int half = 8; half > 0; half /= 2) {
 #pragma unroll
@@ -143,46 +161,62 @@ __global__ void __launch_bounds__(kOptThreads)
                           : encode16_nearest<kHardwareCvt>(v, enc.inverse);
       scale_byte = enc.scale_byte & 0xFFu;
     }
-    if (row_data != nullptr && row_block_in) {
-      store_codes16(row_data + row * (cols / 2) + block_col / 2, codes);
-      row_scale[row * (cols / 16) + block_col / 16] = static_cast<uint8_t>(scale_byte);
+    if (layout.row_data != nullptr && row_block >= 0) {
+      store_codes16(layout.row_data + 8 * row_block, codes);
+      layout.row_scale[row_block] = static_cast<uint8_t>(scale_byte);
     }
 #pragma unroll
-    for (int k = 0; k < 16; ++k) tile_codes[r][16 * jb + k] = static_cast<uint8_t>((codes >> (4 * k)) & 0xFu);
-    if (r % 16 == 0) tile_scale[r / 16][jb] = static_cast<uint8_t>(scale_byte);  // for the columnwise copy
+    for (int k = 0; k < 16; ++k) s.tile_codes[r][16 * jb + k] = static_cast<uint8_t>((codes >> (4 * k)) & 0xFu);
+    if (r % 16 == 0) s.tile_scale[r / 16][jb] = static_cast<uint8_t>(scale_byte);  // for the columnwise copy
     __syncthreads();
-  } else if (row_data != nullptr && row_block_in) {
-    const float amax = vector_amax ? row_amax[row] : row_amax[0];
-    const EncodedBlock enc = encode_block16<kStochastic, kFourOverSix, kHardwareCvt>(v, amax, mse, seed, offset, row_block);
-    store_codes16(row_data + row * (cols / 2) + block_col / 2, enc.codes);
-    row_scale[row * (cols / 16) + block_col / 16] = static_cast<uint8_t>(enc.scale_byte);
+  } else if (layout.row_data != nullptr && row_block >= 0) {
+    const EncodedBlock enc =
+        encode_block16<kStochastic, kFourOverSix, kHardwareCvt>(v, layout.row_amax(r), mse, seed, offset, row_block);
+    store_codes16(layout.row_data + 8 * row_block, enc.codes);
+    layout.row_scale[row_block] = static_cast<uint8_t>(enc.scale_byte);
   }
 
-  // columnwise: block g (rows 16g .. 16g + 15) of tile column c, in the copy x.T [cols, rows]
-  if (col_data == nullptr) return;
+  // columnwise: block g (tile rows 16g .. 16g + 15) of tile column c
+  if (layout.col_data == nullptr) return;
   const int c = threadIdx.x % kOptTile, g = threadIdx.x / kOptTile;
-  const int64_t col = col0 + c, block_row = row0 + 16 * g;  // rows % 16 == 0 with a columnwise copy
-  if (col >= cols || block_row >= rows) return;
-  uint8_t* data_dst = col_data + col * (rows / 2) + block_row / 2;
-  uint8_t* scale_dst = col_scale + col * (rows / 16) + block_row / 16;
+  const int64_t col_block = layout.col_block(c, g);
+  if (col_block < 0) return;
+  uint8_t* data_dst = layout.col_data + 8 * col_block;
+  uint8_t* scale_dst = layout.col_scale + col_block;
   if (block_2d) {
     uint64_t codes = 0;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) codes |= static_cast<uint64_t>(tile_codes[16 * g + k][c]) << (4 * k);
+    for (int k = 0; k < 16; ++k) codes |= static_cast<uint64_t>(s.tile_codes[16 * g + k][c]) << (4 * k);
     store_codes16(data_dst, codes);
-    *scale_dst = tile_scale[g][c / 16];
+    *scale_dst = s.tile_scale[g][c / 16];
     return;
   }
 #pragma unroll
-  for (int k = 0; k < 16; ++k) v[k] = tile[16 * g + k][c];
+  for (int k = 0; k < 16; ++k) v[k] = s.tile[16 * g + k][c];
   if constexpr (kHadamard) hadamard16_to_bf16(v);
-  const float amax = vector_amax ? col_amax[col] : col_amax[0];
-  const uint64_t col_block = static_cast<uint64_t>(col) * static_cast<uint64_t>(rows / 16) + block_row / 16;
   // the columnwise copy draws at offset + 1, so the two copies of one call never share bits
-  const EncodedBlock enc = encode_block16<kStochastic, kFourOverSix, kHardwareCvt>(v, amax, mse, seed, offset + 1,
-                                                                                  col_block);
+  const EncodedBlock enc = encode_block16<kStochastic, kFourOverSix, kHardwareCvt>(v, layout.col_amax(c, g), mse, seed,
+                                                                                  offset + 1, col_block);
   store_codes16(data_dst, enc.codes);
   *scale_dst = static_cast<uint8_t>(enc.scale_byte);
+}
+
+template <class InT, bool kStochastic, bool kHadamard, bool kFourOverSix, bool kHardwareCvt>
+__global__ void __launch_bounds__(kOptThreads)
+    quantize_options_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
+                            const float* __restrict__ row_amax, const float* __restrict__ col_amax,
+                            uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale,
+                            uint8_t* __restrict__ col_data, uint8_t* __restrict__ col_scale,
+                            const int64_t* __restrict__ rng_state, bool vector_amax, bool block_2d, bool mse) {
+  __shared__ OptionsTile s;
+  const int64_t row0 = int64_t{blockIdx.x} * kOptTile, col0 = int64_t{blockIdx.y} * kOptTile;
+  stage_tile_fp32<InT, kOptTile, kOptThreads>(x, x_row_stride, rows, cols, row0, col0, s.tile);
+  __syncthreads();
+  uint64_t seed = 0, offset = 0;
+  if constexpr (kStochastic) seed = static_cast<uint64_t>(rng_state[0]), offset = static_cast<uint64_t>(rng_state[1]);
+  const DenseTileLayout layout{rows, cols, row0, col0, row_amax, col_amax, row_data, row_scale, col_data, col_scale,
+                               vector_amax};
+  encode_options_tile<kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset, block_2d, mse);
 }
 
 template <class InT, bool kStochastic, bool kHadamard, bool kFourOverSix>

@@ -1,0 +1,278 @@
+// Grouped quantization (mixture of experts): x [T, K] whose rows are tokens sorted by group, with the groups'
+// cumulative row ends in device memory (never read on the host), or stacked x [E, N, K] (group e = rows
+// e * N .. e * N + N - 1 of its [E * N, K] view).
+//
+//   rowwise copy     [T, K/2] codes, [T, K/16] scales, like a dense copy of x; amax per row (vector_amax) or
+//                    per group (one per group: each group's own tensor amax)
+//   columnwise copy  each group's transpose, its rows padded with zeros (to a multiple of 64, as the caller
+//                    lays the groups out: blocks along tokens never straddle groups): in the "column" layout the groups sit side by side along
+//                    the padded token axis of one [K, capacity] copy, group g at padded columns
+//                    padded_ends[g - 1] .. padded_ends[g] - 1 (capacity bounds their sum for any sizes); in
+//                    the stacked layout group g is its own [K, N] matrix at col_group_stride bytes from the
+//                    last. amax per (group, column) [E, K] (vector_amax) or per group [E]; with the Hadamard
+//                    transform, those of the transformed copy.
+//
+// Both passes work on 64 x 64 tiles of the padded row space (capacity rows): each 16-row block of a tile finds
+// its group by a binary search of padded_ends, then reads its rows of x (zeros past the group's end). The amax
+// pass accumulates the amaxes with atomicMax on |x|'s bit patterns (NaN > Inf > every finite value, so NaN
+// propagates), then the encode pass encodes the tile as the quantize_options kernels do (encode_options_tile),
+// through a layout that maps the tile to the grouped copies. Options are run-time arguments: one library per
+// input dtype and arch serves every grouped quantization (a few kernels, chosen at launch).
+//
+// Offsets that break their contract (decreasing, or past T) cannot reach memory outside x or the outputs: rows
+// are clamped to [0, T) and blocks to the capacity; what such groups hold is then undefined.
+#pragma once
+
+#include <algorithm>
+
+#include "fp4gen/abi.h"
+#include "fp4gen/elements.cuh"
+#include "fp4gen/quantize_options.cuh"
+
+namespace fp4gen {
+
+struct GroupedQuantizeArgs {
+  const void* x;
+  int64_t x_row_stride, rows, cols;
+  const int64_t* offsets;      // [groups] cumulative row ends
+  const int64_t* padded_ends;  // [groups] cumulative ends of the groups' padded sizes (multiples of 16)
+  int64_t groups, capacity;    // capacity: padded rows (a multiple of 16)
+  float *row_amax, *col_amax;
+  uint8_t *row_data, *row_scale, *col_data, *col_scale;
+  int64_t col_group_stride, col_row_stride;  // codes bytes; scales are 8 times fewer
+  bool stacked;                              // the columnwise copy: one matrix per group (else one [K, capacity])
+  const int64_t* rng_state;
+  bool vector_amax, block_2d, hadamard, stochastic;
+  int four_over_six;  // 0 none, 1 MAE, 2 MSE
+};
+
+// One 16-row block of a tile in the padded row space.
+struct GroupedBlock {
+  int64_t source;        // x's row of the block's first row
+  int64_t padded_start;  // the group's first padded row
+  int group;             // -1: past every group (written as zeros in the column layout)
+  int valid;             // rows of x in the block (the rest are padding)
+};
+
+__device__ __forceinline__ GroupedBlock find_grouped_block(const GroupedQuantizeArgs& a, int64_t padded_row) {
+  // the first group whose padded end lies past padded_row
+  int64_t lo = 0, hi = a.groups;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (a.padded_ends[mid] > padded_row) hi = mid; else lo = mid + 1;
+  }
+  GroupedBlock b{0, 0, -1, 0};
+  if (lo == a.groups) return b;
+  const int64_t start = lo > 0 ? a.offsets[lo - 1] : 0, end = a.offsets[lo];
+  b.padded_start = lo > 0 ? a.padded_ends[lo - 1] : 0;
+  b.group = static_cast<int>(lo);
+  b.source = start + (padded_row - b.padded_start);
+  const int64_t last = end < a.rows ? end : a.rows;  // rows past T are never read
+  const int64_t valid = last - b.source < 16 ? last - b.source : 16;
+  b.valid = b.source < 0 || valid < 0 ? 0 : static_cast<int>(valid);
+  return b;
+}
+
+// The tile's four blocks into shared memory (threads 0-3), then the tile's rows of x widened to fp32, zeros
+// for padding. Callers synchronize before reading either.
+template <class InT>
+__device__ __forceinline__ void stage_grouped_tile(const GroupedQuantizeArgs& a, int64_t row0, int64_t col0,
+                                                   GroupedBlock (&blocks)[kOptTile / 16], float (*tile)[kOptTile + 1]) {
+  if (threadIdx.x < kOptTile / 16) blocks[threadIdx.x] = find_grouped_block(a, row0 + 16 * threadIdx.x);
+  __syncthreads();
+  constexpr int kVec = Element<InT>::kPerVector, kVecsPerRow = kOptTile / kVec;
+  const InT* x = static_cast<const InT*>(a.x);
+  for (int i = threadIdx.x; i < kOptTile * kVecsPerRow; i += kOptThreads) {
+    const int r = i / kVecsPerRow, cv = i % kVecsPerRow;
+    const GroupedBlock& b = blocks[r / 16];
+    const int64_t col = col0 + cv * kVec;
+    const bool in = b.group >= 0 && r % 16 < b.valid && col < a.cols;
+    const uint4 vec = in ? *reinterpret_cast<const uint4*>(x + (b.source + r % 16) * a.x_row_stride + col)
+                         : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) tile[r][cv * kVec + e] = Element<InT>::word_element_to_float(&vec.x, e);
+  }
+}
+
+// encode_options_tile's layout for a tile of the padded row space.
+struct GroupedTileLayout {
+  const GroupedQuantizeArgs* a;
+  const GroupedBlock* blocks;
+  int64_t row0, col0;
+  uint8_t *row_data, *row_scale, *col_data, *col_scale;
+
+  __device__ __forceinline__ int64_t row_block(int r, int jb) const {
+    const GroupedBlock& b = blocks[r / 16];
+    const int64_t block_col = col0 + 16 * jb;
+    if (b.group < 0 || r % 16 >= b.valid || block_col >= a->cols) return -1;
+    return (b.source + r % 16) * (a->cols / 16) + block_col / 16;
+  }
+  __device__ __forceinline__ float row_amax(int r) const {
+    const GroupedBlock& b = blocks[r / 16];
+    if (b.group < 0 || r % 16 >= b.valid) return 0.0f;
+    return a->vector_amax ? a->row_amax[b.source + r % 16] : a->row_amax[b.group];
+  }
+  __device__ __forceinline__ int64_t col_block(int c, int g) const {
+    const int64_t col = col0 + c, padded_row = row0 + 16 * g;
+    if (col >= a->cols || padded_row >= a->capacity) return -1;
+    const GroupedBlock& b = blocks[g];
+    if (b.group < 0) return a->stacked ? -1 : col * (a->col_row_stride / 8) + padded_row / 16;
+    const int64_t first = a->stacked ? padded_row - b.padded_start : padded_row;
+    return b.group * (a->col_group_stride / 8) + col * (a->col_row_stride / 8) + first / 16;
+  }
+  __device__ __forceinline__ float col_amax(int c, int g) const {
+    const GroupedBlock& b = blocks[g];
+    if (b.group < 0) return 0.0f;  // an unused block: zeros, encoded as zero codes and a zero scale
+    return a->vector_amax ? a->col_amax[b.group * a->cols + col0 + c] : a->col_amax[b.group];
+  }
+};
+
+__device__ __forceinline__ uint32_t float_abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+
+// The amax pass: row amaxes (of x) into row_amax, column amaxes (of the transformed copy with the transform)
+// into col_amax, each null when not wanted. Both are zeroed before this runs.
+template <class InT>
+__global__ void __launch_bounds__(kOptThreads) grouped_amax_kernel(const GroupedQuantizeArgs a) {
+  __shared__ float tile[kOptTile][kOptTile + 1];
+  __shared__ GroupedBlock blocks[kOptTile / 16];
+  const int64_t row0 = int64_t{blockIdx.x} * kOptTile, col0 = int64_t{blockIdx.y} * kOptTile;
+  stage_grouped_tile<InT>(a, row0, col0, blocks, tile);
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  if (a.row_amax != nullptr) {  // four threads a row, 16 columns each; a warp's 8 rows lie in one block
+    const int r = threadIdx.x / 4, part = threadIdx.x % 4;
+    const GroupedBlock& b = blocks[r / 16];
+    uint32_t bits = 0;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) bits = max(bits, float_abs_bits(tile[r][16 * part + k]));
+    bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, 1));
+    bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, 2));
+    const bool row_in = b.group >= 0 && r % 16 < b.valid;
+    if (a.vector_amax) {
+      if (part == 0 && row_in) atomicMax(reinterpret_cast<unsigned int*>(a.row_amax + b.source + r % 16), bits);
+    } else {
+      bits = row_in ? bits : 0u;
+#pragma unroll
+      for (int offset = 4; offset < 32; offset *= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+      if (lane == 0 && b.group >= 0) atomicMax(reinterpret_cast<unsigned int*>(a.row_amax + b.group), bits);
+    }
+  }
+  if (a.col_amax != nullptr) {  // one 16-row block of one column a thread; a warp's 32 threads share the block
+    const int c = threadIdx.x % kOptTile, g = threadIdx.x / kOptTile;
+    const GroupedBlock& b = blocks[g];
+    float v[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) v[k] = tile[16 * g + k][c];
+    if (a.hadamard) hadamard16_to_bf16(v);
+    uint32_t bits = 0;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) bits = max(bits, float_abs_bits(v[k]));
+    if (a.vector_amax) {
+      if (b.group >= 0 && col0 + c < a.cols)
+        atomicMax(reinterpret_cast<unsigned int*>(a.col_amax + b.group * a.cols + col0 + c), bits);
+    } else {
+#pragma unroll
+      for (int offset = 1; offset < 32; offset *= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+      if (lane == 0 && b.group >= 0) atomicMax(reinterpret_cast<unsigned int*>(a.col_amax + b.group), bits);
+    }
+  }
+}
+
+template <class InT, bool kStochastic, bool kHadamard, bool kFourOverSix, bool kHardwareCvt>
+__global__ void __launch_bounds__(kOptThreads) grouped_encode_kernel(const GroupedQuantizeArgs a) {
+  __shared__ OptionsTile s;
+  __shared__ GroupedBlock blocks[kOptTile / 16];
+  const int64_t row0 = int64_t{blockIdx.x} * kOptTile, col0 = int64_t{blockIdx.y} * kOptTile;
+  stage_grouped_tile<InT>(a, row0, col0, blocks, s.tile);
+  __syncthreads();
+  uint64_t seed = 0, offset = 0;
+  if constexpr (kStochastic) seed = static_cast<uint64_t>(a.rng_state[0]), offset = static_cast<uint64_t>(a.rng_state[1]);
+  const GroupedTileLayout layout{&a, blocks, row0, col0, a.row_data, a.row_scale, a.col_data, a.col_scale};
+  encode_options_tile<kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset, a.block_2d,
+                                                                         a.four_over_six == 2);
+}
+
+inline GroupedQuantizeArgs grouped_quantize_args(
+    const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const int64_t* offsets,
+    const int64_t* padded_ends, int64_t groups, int64_t capacity, float* row_amax, float* col_amax, uint8_t* row_data,
+    uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale, int64_t col_group_stride, int64_t col_row_stride,
+    int64_t stacked, const int64_t* rng_state, int64_t vector_amax, int64_t block_2d, int64_t hadamard,
+    int64_t four_over_six, int64_t stochastic) {
+  return GroupedQuantizeArgs{x, x_row_stride, rows, cols, offsets, padded_ends, groups, capacity, row_amax, col_amax,
+                             row_data, row_scale, col_data, col_scale, col_group_stride, col_row_stride, stacked != 0,
+                             rng_state, vector_amax != 0, block_2d != 0, hadamard != 0, stochastic != 0,
+                             static_cast<int>(four_over_six)};
+}
+
+template <class InT>
+int quantize_grouped_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols,
+                                   const int64_t* offsets, const int64_t* padded_ends, int64_t groups,
+                                   int64_t capacity, float* row_amax, float* col_amax, uint8_t* row_data,
+                                   uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale, int64_t col_group_stride,
+                                   int64_t col_row_stride, int64_t stacked, const int64_t* rng_state,
+                                   int64_t vector_amax, int64_t block_2d, int64_t hadamard, int64_t four_over_six,
+                                   int64_t stochastic) {
+  const bool rowwise = row_data != nullptr, colwise = col_data != nullptr;
+  for (const int64_t flag : {stacked, vector_amax, block_2d, hadamard, stochastic})
+    if (flag != 0 && flag != 1) return kInvalidProblem;
+  if (four_over_six < 0 || four_over_six > 2 || (four_over_six != 0 && stochastic)) return kInvalidProblem;
+  if (rows < 0 || cols < 0 || cols % 16 != 0 || groups < 1 || capacity < 0 || capacity % 16 != 0) return kInvalidProblem;
+  if (!(rowwise || colwise) || offsets == nullptr || padded_ends == nullptr) return kInvalidProblem;
+  if (rowwise && (row_amax == nullptr || row_scale == nullptr)) return kInvalidProblem;
+  if (colwise && (col_amax == nullptr || col_scale == nullptr || col_row_stride < 0 || col_row_stride % 8 != 0 ||
+                  col_group_stride < 0 || col_group_stride % 8 != 0))
+    return kInvalidProblem;
+  if (block_2d && (vector_amax || hadamard || !stacked)) return kInvalidProblem;  // 16x16: stacked weights, per group
+  if (hadamard && !colwise) return kInvalidProblem;
+  if (stochastic && rng_state == nullptr) return kInvalidProblem;
+  if ((cols + kOptTile - 1) / kOptTile > 65535) return kInvalidProblem;  // gridDim.y
+  if ((capacity + kOptTile - 1) / kOptTile > 0x7FFFFFFF) return kInvalidProblem;
+  if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
+  if (!aligned(x, 16) || (rows > 1 && (x_row_stride * static_cast<int64_t>(sizeof(InT))) % 16 != 0))
+    return kMisaligned;
+  if ((rowwise && !aligned(row_data, 8)) || (colwise && !aligned(col_data, 8))) return kMisaligned;
+  return kOk;
+}
+
+// Zeroes the amaxes, runs the amax pass, then the encode pass of the options asked for.
+template <class InT, bool kHardwareCvt>
+int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const int64_t* offsets,
+                         const int64_t* padded_ends, int64_t groups, int64_t capacity, float* row_amax, float* col_amax,
+                         uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale,
+                         int64_t col_group_stride, int64_t col_row_stride, int64_t stacked, const int64_t* rng_state,
+                         int64_t vector_amax, int64_t block_2d, int64_t hadamard, int64_t four_over_six,
+                         int64_t stochastic, cudaStream_t stream) {
+  const int status = quantize_grouped_can_implement<InT>(
+      x, x_row_stride, rows, cols, offsets, padded_ends, groups, capacity, row_amax, col_amax, row_data, row_scale,
+      col_data, col_scale, col_group_stride, col_row_stride, stacked, rng_state, vector_amax, block_2d, hadamard,
+      four_over_six, stochastic);
+  if (status != kOk) return status;
+  const GroupedQuantizeArgs a = grouped_quantize_args(
+      x, x_row_stride, rows, cols, offsets, padded_ends, groups, capacity, row_data ? row_amax : nullptr,
+      col_data ? col_amax : nullptr, row_data, row_scale, col_data, col_scale, col_group_stride, col_row_stride,
+      stacked, rng_state, vector_amax, block_2d, hadamard, four_over_six, stochastic);
+  if (a.row_amax != nullptr &&
+      cudaMemsetAsync(a.row_amax, 0, sizeof(float) * (vector_amax ? rows : groups), stream) != cudaSuccess)
+    return launch_status();
+  if (a.col_amax != nullptr &&
+      cudaMemsetAsync(a.col_amax, 0, sizeof(float) * (vector_amax ? groups * cols : groups), stream) != cudaSuccess)
+    return launch_status();
+  if (capacity == 0 || cols == 0) return kOk;
+  const dim3 grid(static_cast<unsigned>((capacity + kOptTile - 1) / kOptTile),
+                  static_cast<unsigned>((cols + kOptTile - 1) / kOptTile));
+  grouped_amax_kernel<InT><<<grid, kOptThreads, 0, stream>>>(a);
+  if (const int launched = launch_status(); launched != kOk) return launched;
+  if (stochastic) {
+    if (hadamard) grouped_encode_kernel<InT, true, true, false, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
+    else grouped_encode_kernel<InT, true, false, false, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
+  } else if (four_over_six != 0) {
+    if (hadamard) grouped_encode_kernel<InT, false, true, true, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
+    else grouped_encode_kernel<InT, false, false, true, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
+  } else {
+    if (hadamard) grouped_encode_kernel<InT, false, true, false, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
+    else grouped_encode_kernel<InT, false, false, false, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
+  }
+  return launch_status();
+}
+
+}  // namespace fp4gen

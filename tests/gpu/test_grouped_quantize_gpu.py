@@ -1,0 +1,165 @@
+"""fp4gen.quantize_grouped on the CUDA backend gives the reference backend's bytes for every routing (empty
+groups, one group taking every token, token counts off the 16 grid), option, scaling and dtype; and it is
+CUDA-graph safe: no host synchronization, and a captured call follows new offsets on replay."""
+import pytest
+import torch
+
+import fp4gen
+from conftest import group_ends as _ends
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+OPTIONS = {
+    "plain": {},
+    "sr": dict(rounding="stochastic"),
+    "rht": dict(hadamard=True),
+    "sr+rht": dict(rounding="stochastic", hadamard=True),
+    "4o6-mae": dict(four_over_six="mae"),
+    "4o6-mse": dict(four_over_six="mse"),
+}
+ROUTINGS = {  # group sizes
+    "uniform": [48, 48, 48, 48],
+    "skewed": [0, 3, 0, 150, 17, 0, 1, 21],
+    "one-takes-all": [0, 0, 197, 0],
+    "single": [77],
+    "all-empty-but-last": [0, 0, 0, 16],
+}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Bit patterns, every NaN amax as one pattern (the definition fixes NaN, not its payload)."""
+    if t.dtype != torch.float32:
+        return t.view(torch.uint8)
+    return torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t).view(torch.int32)
+
+
+def assert_same_as_reference(x, offsets, seed=7, **kwargs):
+    gpu_kwargs, cpu_kwargs = dict(kwargs), dict(kwargs)
+    if kwargs.get("rounding") == "stochastic":
+        gpu_kwargs["rng"], cpu_kwargs["rng"] = fp4gen.RNGState(seed, device=x.device), fp4gen.RNGState(seed)
+    dev_offsets = None if offsets is None else torch.tensor(offsets, dtype=torch.int32, device=x.device)
+    got = fp4gen.quantize_grouped(x, dev_offsets, **gpu_kwargs)
+    want = fp4gen.quantize_grouped(x.cpu(), None if offsets is None else torch.tensor(offsets), backend="reference",
+                                   **cpu_kwargs)
+    for copy in ("rowwise", "columnwise"):
+        a, b = getattr(got, copy), getattr(want, copy)
+        assert (a is None) == (b is None), copy
+        if a is None:
+            continue
+        assert a.layout == b.layout and a.row_scaled == b.row_scaled and a.e4m3_max == b.e4m3_max
+        for field in ("data", "scale", "amax"):
+            assert getattr(a, field).shape == getattr(b, field).shape, (copy, field)
+            assert torch.equal(_bits(getattr(a, field)).cpu(), _bits(getattr(b, field))), (copy, field)
+        if b.padded_offsets is not None:
+            assert torch.equal(a.padded_offsets.cpu(), b.padded_offsets)
+    return got
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("option", OPTIONS)
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_tokens_equal_reference(dtype, option, scaling, routing):
+    torch.manual_seed(0)
+    ends = _ends(ROUTINGS[routing])
+    x = (torch.randn(ends[-1], 208, device="cuda") * torch.rand(ends[-1], 1, device="cuda") * 4).to(dtype)
+    assert_same_as_reference(x, ends, scaling=scaling, **OPTIONS[option])
+
+
+@pytest.mark.parametrize("copies", [(True, False), (False, True)], ids=["rowwise", "columnwise"])
+def test_one_copy(copies):
+    torch.manual_seed(1)
+    ends = _ends(ROUTINGS["skewed"])
+    x = torch.randn(ends[-1], 64, device="cuda", dtype=torch.bfloat16)
+    assert_same_as_reference(x, ends, rowwise=copies[0], columnwise=copies[1], hadamard=copies[1])
+
+
+def test_wide_rows_and_many_groups():
+    torch.manual_seed(2)
+    sizes = torch.randint(0, 40, (64,)).tolist()
+    ends = _ends(sizes)
+    x = torch.randn(ends[-1], 1040, device="cuda", dtype=torch.bfloat16)
+    assert_same_as_reference(x, ends, scaling="row", hadamard=True)
+    assert_same_as_reference(x, ends, scaling="tensor", rounding="stochastic")
+
+
+@pytest.mark.parametrize("option", ["plain", "sr", "4o6-mse"])
+@pytest.mark.parametrize("scaling,block", [("tensor", (16, 16)), ("tensor", (1, 16)), ("row", (1, 16))])
+def test_stacked_weights_equal_reference(option, scaling, block):
+    torch.manual_seed(3)
+    w = torch.randn(5, 48, 208, device="cuda", dtype=torch.bfloat16) * torch.linspace(0.1, 8, 5, device="cuda").view(5, 1, 1)
+    got = assert_same_as_reference(w, None, scaling=scaling, block=block, **OPTIONS[option])
+    assert got.rowwise.data.shape == (5, 48, 104) and got.columnwise.data.shape == (5, 208, 24)
+
+
+def test_stacked_rowwise_only_with_rows_off_the_grid():
+    w = torch.randn(3, 40, 64, device="cuda", dtype=torch.float16)
+    assert_same_as_reference(w, None, scaling="tensor", columnwise=False)
+    w = torch.randn(3, 37, 64, device="cuda", dtype=torch.float16)
+    assert_same_as_reference(w, None, scaling="row", columnwise=False)
+
+
+def test_nan_token_surfaces_in_its_row_and_group():
+    ends = _ends([20, 30, 14])
+    x = torch.randn(ends[-1], 64, device="cuda", dtype=torch.bfloat16)
+    x[25, 7] = float("nan")
+    for scaling in ("row", "tensor"):
+        g = assert_same_as_reference(x, ends, scaling=scaling)
+        row_amax, col_amax = g.rowwise.amax.cpu(), g.columnwise.amax.cpu()
+        if scaling == "row":
+            assert torch.isnan(row_amax[25]) and torch.isnan(row_amax).sum() == 1
+            assert torch.isnan(col_amax[1, 7]) and torch.isnan(col_amax).sum() == 1
+        else:
+            assert torch.isnan(row_amax).tolist() == [False, True, False]
+            assert torch.isnan(col_amax).tolist() == [False, True, False]
+
+
+def test_no_host_synchronization():
+    ends = torch.tensor(_ends([5, 0, 40, 19]), device="cuda")
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    calls = ({}, dict(hadamard=True, rounding="stochastic"), dict(scaling="tensor", four_over_six="mae"))
+    for kwargs in calls:  # first calls load the kernels and create the device's default RNGState (a copy)
+        fp4gen.quantize_grouped(x, ends, **kwargs)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for kwargs in calls:
+            fp4gen.quantize_grouped(x, ends, **kwargs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+def test_graph_replay_follows_new_offsets():
+    torch.manual_seed(4)
+    x = torch.randn(96, 128, device="cuda", dtype=torch.bfloat16)
+    offsets = torch.tensor(_ends([30, 30, 36]), device="cuda")
+    fp4gen.quantize_grouped(x, offsets, hadamard=True)  # load the kernel outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = fp4gen.quantize_grouped(x, offsets, hadamard=True)
+    for sizes in ([96, 0, 0], [1, 2, 93], [40, 17, 39]):
+        offsets.copy_(torch.tensor(_ends(sizes)))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = fp4gen.quantize_grouped(x.cpu(), _ends(sizes), backend="reference", hadamard=True)
+        for copy in ("rowwise", "columnwise"):
+            for field in ("data", "scale", "amax"):
+                assert torch.equal(_bits(getattr(getattr(out, copy), field)).cpu(),
+                                   _bits(getattr(getattr(want, copy), field))), (sizes, copy, field)
+
+
+def test_side_stream():
+    torch.manual_seed(5)
+    ends = _ends([10, 54])
+    x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = fp4gen.quantize_grouped(x, torch.tensor(ends, device="cuda"))
+    torch.cuda.current_stream().wait_stream(side)
+    want = fp4gen.quantize_grouped(x.cpu(), ends, backend="reference")
+    assert torch.equal(got.columnwise.data.cpu(), want.columnwise.data)

@@ -1,0 +1,138 @@
+"""fp4gen.quantize_grouped on the reference backend: every group equals the dense fp4gen.quantize of its slice
+(the columnwise copy of the slice padded with zero tokens to a multiple of 64), for any group sizes; the
+layouts, capacity and padded offsets; stochastic rounding keyed by position; clear errors for bad offsets."""
+import pytest
+import torch
+
+import fp4gen
+from conftest import group_ends as _ends
+from fp4gen import grouped
+
+
+def _same(a: fp4gen.NVFP4Data, b: fp4gen.NVFP4Data) -> bool:
+    return (torch.equal(a.data, b.data) and torch.equal(a.scale.view(torch.uint8), b.scale.view(torch.uint8))
+            and torch.equal(a.amax, b.amax) and a.e4m3_max == b.e4m3_max)
+
+
+ROUTINGS = {
+    "uniform": [32, 32, 32],
+    "skewed": [0, 5, 0, 70, 1, 19, 0],
+    "one-takes-all": [0, 45, 0],
+    "single": [33],
+}
+OPTIONS = {
+    "plain": {},
+    "rht": dict(hadamard=True),
+    "4o6": dict(four_over_six="mse"),
+}
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+@pytest.mark.parametrize("option", OPTIONS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_each_group_equals_dense_quantization_of_its_slice(routing, scaling, option, dtype):
+    torch.manual_seed(0)
+    ends = _ends(ROUTINGS[routing])
+    x = (torch.randn(ends[-1], 64) * torch.rand(ends[-1], 1) * 3).to(dtype)
+    g = fp4gen.quantize_grouped(x, torch.tensor(ends), scaling=scaling, **OPTIONS[option])
+    assert g.rowwise.layout == "rows" and g.columnwise.layout == "columns"
+    assert g.columnwise.data.shape == (64, grouped.capacity(ends[-1], len(ends)) // 2)
+    starts = [0] + ends[:-1]
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        if e > s:
+            dense = fp4gen.quantize(x[s:e], scaling=scaling, columnwise=False, **{
+                k: v for k, v in OPTIONS[option].items() if k != "hadamard"})
+            assert _same(g.rowwise.group(i), dense.rowwise), (i, "rowwise")
+        padded = -(-(e - s) // 64) * 64
+        col = g.columnwise.group(i)
+        assert col.shape == (64, padded)
+        if padded:
+            xp = torch.zeros(padded, 64, dtype=dtype)
+            xp[: e - s] = x[s:e]
+            dense = fp4gen.quantize(xp, scaling=scaling, rowwise=False, **OPTIONS[option])
+            assert _same(col, dense.columnwise), (i, "columnwise")
+        else:  # an empty group: nothing to encode, amax 0
+            assert not col.amax.any()
+    # columns past the last group's padded end are zero codes and zero scales
+    used = g.columnwise.padded_offsets[-1].item()
+    assert not g.columnwise.data[:, used // 2:].any() and not g.columnwise.scale.view(torch.uint8)[:, used // 16:].any()
+
+
+def test_padded_offsets_and_capacity():
+    offsets = torch.tensor(_ends([0, 5, 64, 65, 0, 1]))
+    assert grouped.padded_offsets(offsets).tolist() == _ends([0, 64, 64, 128, 0, 64])
+    # the bound holds for the worst routing: every group one token past a multiple of 64
+    assert grouped.capacity(6 * 65, 6) >= 6 * 128 and grouped.capacity(6 * 65, 6) % 64 == 0
+
+
+@pytest.mark.parametrize("scaling,block", [("tensor", (16, 16)), ("tensor", (1, 16)), ("row", (1, 16))])
+def test_stacked_weights_are_one_dense_quantization_per_expert(scaling, block):
+    torch.manual_seed(1)
+    w = torch.randn(3, 32, 48) * torch.tensor([0.5, 4.0, 40.0]).view(3, 1, 1)
+    g = fp4gen.quantize_grouped(w, None, scaling=scaling, block=block)
+    assert g.rowwise.layout == g.columnwise.layout == "stacked"
+    assert g.rowwise.data.shape == (3, 32, 24) and g.columnwise.data.shape == (3, 48, 16)
+    for e in range(3):
+        dense = fp4gen.quantize(w[e], scaling=scaling, block=block)
+        assert _same(g.rowwise.group(e), dense.rowwise)
+        assert _same(g.columnwise.group(e), dense.columnwise)
+
+
+def test_stochastic_rounding_is_keyed_by_position_and_reproducible():
+    torch.manual_seed(2)
+    ends = _ends([7, 0, 40, 17])
+    x = torch.randn(ends[-1], 64)
+    a = fp4gen.quantize_grouped(x, ends, rounding="stochastic", rng=fp4gen.RNGState(11))
+    b = fp4gen.quantize_grouped(x, ends, rounding="stochastic", rng=fp4gen.RNGState(11))
+    c = fp4gen.quantize_grouped(x, ends, rounding="stochastic", rng=fp4gen.RNGState(12))
+    assert torch.equal(a.rowwise.data, b.rowwise.data) and torch.equal(a.columnwise.data, b.columnwise.data)
+    assert not torch.equal(a.rowwise.data, c.rowwise.data)
+    # the rowwise copy's bits are those of the dense [T, K] copy at the same state
+    dense = fp4gen.quantize(x, scaling="row", columnwise=False, rounding="stochastic", rng=fp4gen.RNGState(11))
+    assert torch.equal(a.rowwise.data, dense.rowwise.data)
+
+
+def test_nan_token_makes_its_row_and_group_nan():
+    ends = _ends([16, 20, 12])
+    x = torch.randn(48, 32)
+    x[20, 3] = float("nan")
+    g = fp4gen.quantize_grouped(x, ends, scaling="tensor")
+    assert torch.isnan(g.rowwise.amax).tolist() == [False, True, False]
+    assert torch.isnan(g.columnwise.amax).tolist() == [False, True, False]
+    g = fp4gen.quantize_grouped(x, ends, scaling="row")
+    assert torch.isnan(g.rowwise.amax).nonzero().flatten().tolist() == [20]
+    assert torch.isnan(g.columnwise.amax).nonzero().tolist() == [[1, 3]]
+
+
+BAD_CALLS = [
+    (lambda x: fp4gen.quantize_grouped(x, torch.tensor([10, 48], dtype=torch.float32)), TypeError,
+     ["offsets.dtype", "int32 or torch.int64"]),
+    (lambda x: fp4gen.quantize_grouped(x, torch.tensor([[10, 48]])), ValueError, ["offsets has shape (1, 2)", "1-D"]),
+    (lambda x: fp4gen.quantize_grouped(x, torch.tensor([], dtype=torch.int64)), ValueError, ["offsets has shape (0,)"]),
+    (lambda x: fp4gen.quantize_grouped(x, torch.tensor([10, 48], device="meta")), ValueError,
+     ["offsets is on meta", "cpu"]),
+    (lambda x: fp4gen.quantize_grouped(x, [30, 10, 48]), ValueError, ["non-decreasing", "offsets[1] = 10"]),
+    (lambda x: fp4gen.quantize_grouped(x, [10, 40]), ValueError, ["offsets[-1] = 40", "48 tokens"]),
+    (lambda x: fp4gen.quantize_grouped(x, []), ValueError, ["offsets is empty"]),
+    (lambda x: fp4gen.quantize_grouped(x, [10.0, 48]), TypeError, ["offsets must hold ints"]),
+    (lambda x: fp4gen.quantize_grouped(x, "10,48"), TypeError, ["offsets must be a tensor", "str"]),
+    (lambda x: fp4gen.quantize_grouped(x, torch.tensor([30, 10, 48])), ValueError, ["offsets[1] = 10"]),
+    (lambda x: fp4gen.quantize_grouped(x, [48], block=(16, 16), scaling="tensor"), ValueError,
+     ["block=(16, 16) is for stacked weights"]),
+    (lambda x: fp4gen.quantize_grouped(x, None), ValueError, ["offsets=None", "[E, N, K]"]),
+    (lambda x: fp4gen.quantize_grouped(x.reshape(2, 24, 32), [48]), ValueError, ["x [T, K]", "offsets=None"]),
+    (lambda x: fp4gen.quantize_grouped(x.reshape(3, 16, 32)[:, :10], None), ValueError, ["N = 10", "multiple of 16"]),
+    (lambda x: fp4gen.quantize_grouped(x, [48], scaling="expert"), ValueError, ["scaling='expert'"]),
+    (lambda x: fp4gen.quantize_grouped(x, [48], hadamard=True, columnwise=False), ValueError, ["columnwise copy only"]),
+    (lambda x: fp4gen.quantize_grouped(x, [48], rounding="stochastc"), ValueError, ["rounding='stochastc'"]),
+    (lambda x: fp4gen.quantize_grouped(x.to(torch.int32), [48]), TypeError, ["x.dtype is torch.int32"]),
+]
+
+
+@pytest.mark.parametrize("call,error,fragments", BAD_CALLS)
+def test_bad_arguments_are_clear_errors(call, error, fragments):
+    with pytest.raises(error) as info:
+        call(torch.randn(48, 32))
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
