@@ -406,6 +406,45 @@ FAMILIES = {
         },
         **_PACKED_GEMM_ABI,
     ),
+    "gemm_grouped_wgmma": Family(
+        name="gemm_grouped_wgmma",
+        op="grouped_gemm",
+        description="Hopper grouped D = A @ B.T for mixture-of-experts layers, groups along M (stacked B) or "
+                    "along K (one output a group), group ends read on the device; gemm_fused_wgmma's tile and "
+                    "bilateral epilogue with each group's amaxes",
+        template="gemm_grouped_wgmma.cu.j2",
+        name_prefix="gemm_nvfp4_grouped",
+        axes={
+            "out_dtype": _GEMM_OUT_DTYPES,
+            "packed_tile": TileTokens(tables.WGMMA_FUSED_GEMM_TILES),
+            "arch": {"sm90a": "sm90a"},
+        },
+        params=(
+            Param("a_codes", "const uint8_t*"),  # [M, K/2], row stride lda bytes
+            Param("a_scale", "const uint8_t*"),
+            Param("b_codes", "const uint8_t*"),  # [N, K/2] (a group's, b_group_stride bytes apart)
+            Param("b_scale", "const uint8_t*"),
+            *_GEMM_EPILOGUE_PARAMS,
+            Param("lda", "int64_t"),  # bytes
+            Param("lda_scale", "int64_t"),
+            Param("ldb", "int64_t"),
+            Param("ldb_scale", "int64_t"),
+            *_GEMM_OUTPUT_PARAMS[:-1],
+            Param("offsets", "const int64_t*"),  # [groups] cumulative ends along M (rows) or K (elements)
+            Param("groups", "int64_t"),
+            Param("along_k", "int64_t"),  # 1: groups along K (one [M, N] output a group); 0: along M
+            Param("b_group_stride", "int64_t"),  # bytes from one group's B codes to the next (along M)
+            Param("b_scale_group_stride", "int64_t"),
+            Param("c_group_stride", "int64_t"),  # elements from one group's C / D to the next (along K)
+            Param("d_group_stride", "int64_t"),
+            Param("row_amax_group_stride", "int64_t"),  # elements from one group's row amaxes to the next
+            Param("col_amax_group_stride", "int64_t"),
+            Param("bias_group_stride", "int64_t"),
+            _GEMM_OUTPUT_PARAMS[-1],  # the workspace
+        ),
+        constraints={"cols_multiple_of": 64},
+        alignment={"a_codes": 16, "b_codes": 16, "a_scale": 4, "b_scale": 4},
+    ),
     "gemm_sm100": Family(
         name="gemm_sm100",
         op="gemm",

@@ -1,6 +1,6 @@
 """fp4gen: generated NVFP4 kernels for row-scaled low-precision training.
 
-Public API: quantize, dequantize, gemm, quantize_grouped, NVFP4Tensor, NVFP4Data, GroupedNVFP4Tensor,
+Public API: quantize, dequantize, gemm, quantize_grouped, grouped_gemm, NVFP4Tensor, NVFP4Data, GroupedNVFP4Tensor,
 GroupedNVFP4Data, Recipe, RNGState, nn.Linear, convert, unconvert,
 ConversionReport, BuildError, KernelError. docs/api.md in the source tree describes each.
 """
@@ -11,7 +11,7 @@ from .api import dequantize, gemm, quantize
 from .convert import ConversionReport, convert, unconvert
 from .errors import BuildError, KernelError
 from .formats import GroupedNVFP4Data, GroupedNVFP4Tensor, NVFP4Data, NVFP4Tensor
-from .grouped import quantize_grouped
+from .grouped import grouped_gemm, quantize_grouped
 from .recipe import Recipe
 from .rng import RNGState
 
@@ -20,6 +20,6 @@ try:
 except _metadata.PackageNotFoundError:  # imported from a source tree that was never pip-installed
     __version__ = "0+unknown"
 
-__all__ = ["quantize", "dequantize", "gemm", "quantize_grouped", "NVFP4Data", "NVFP4Tensor", "GroupedNVFP4Data",
+__all__ = ["quantize", "dequantize", "gemm", "quantize_grouped", "grouped_gemm", "NVFP4Data", "NVFP4Tensor", "GroupedNVFP4Data",
            "GroupedNVFP4Tensor", "Recipe", "RNGState", "nn", "convert", "unconvert",
            "ConversionReport", "BuildError", "KernelError", "__version__"]

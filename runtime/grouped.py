@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import api
-from .formats import BLOCK, GroupedNVFP4Tensor
+from .formats import BLOCK, GroupedNVFP4Data, GroupedNVFP4Tensor
 from .rng import RNGState
 
 OFFSET_DTYPES = (torch.int32, torch.int64)
@@ -34,9 +34,9 @@ def padded_offsets(offsets: torch.Tensor) -> torch.Tensor:
     return torch.cumsum((sizes + (GROUP_PAD - 1)) // GROUP_PAD * GROUP_PAD, 0)
 
 
-def group_offsets(offsets, tokens: int, device: torch.device) -> torch.Tensor:
+def group_offsets(offsets, tokens: int | None, device: torch.device) -> torch.Tensor:
     """The offsets argument as an int64 tensor on `device`, with every check that needs no synchronization:
-    a tensor's dtype, device and shape; a host list's values too."""
+    a tensor's dtype, device and shape; a host list's values too (ending at `tokens` unless that is None)."""
     if isinstance(offsets, (list, tuple)):
         if not offsets:
             raise ValueError("offsets is empty; it needs one cumulative end per group (at least one group)")
@@ -48,7 +48,7 @@ def group_offsets(offsets, tokens: int, device: torch.device) -> torch.Tensor:
                 raise ValueError(f"offsets must be non-decreasing cumulative group ends starting from 0; "
                                  f"offsets[{g}] = {end} follows {previous}")
             previous = end
-        if offsets[-1] != tokens:
+        if tokens is not None and offsets[-1] != tokens:
             raise ValueError(f"offsets[-1] = {offsets[-1]}, but x has {tokens} tokens; the groups must cover them all")
         return torch.tensor(offsets, dtype=torch.int64, device=device)
     if not isinstance(offsets, torch.Tensor):
@@ -131,3 +131,79 @@ def quantize_grouped(x: torch.Tensor, offsets, scaling: str = "row", block=(1, 1
     if options.rng is not None:
         options.rng.advance()  # on the device, after the kernels that read the offset (stream order)
     return GroupedNVFP4Tensor(row, col, tuple(x.shape), x.dtype, scaling, block)
+
+
+def _require_grouped(name: str, value) -> GroupedNVFP4Data:
+    if not isinstance(value, GroupedNVFP4Data):
+        hint = f" (use {name}.rowwise or {name}.columnwise)" if isinstance(value, GroupedNVFP4Tensor) else ""
+        raise TypeError(f"{name} must be an fp4gen.GroupedNVFP4Data copy, got {type(value).__name__}{hint}")
+    return value
+
+
+def grouped_gemm(a: GroupedNVFP4Data, b: GroupedNVFP4Data, offsets=None, out_dtype: torch.dtype | None = None,
+                 out: torch.Tensor | None = None, accumulate: bool = False, backend: str | None = None,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Per group g, D_g = A_g @ B_g.T with the bilateral scale of fp4gen.gemm (each group's own amaxes):
+
+    - a "rows" [T, K] (tokens sorted by group) x b "stacked" [E, N, K] -> D [T, N]: fprop (X rowwise, W
+      rowwise) and dgrad (dY rowwise, W columnwise). bias: optional [E, N], group g's row added to its rows.
+    - a "columns" [N, C] x b "columns" [K, C] (the groups along the padded token axis) -> D [E, N, K]: wgrad
+      (dY columnwise, X columnwise), both quantized with the same offsets. accumulate=True adds into `out`
+      (fp32 main grads [E, N, K]); an expert without tokens gets a zero gradient (or `out` unchanged).
+
+    offsets: the token offsets both operands were quantized with (None: a.offsets), never read on the host.
+    out_dtype: bfloat16 or float32 (default: out.dtype, else bfloat16)."""
+    a, b = _require_grouped("a", a), _require_grouped("b", b)
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}; both operands must be on one device")
+    if a.layout == "rows" and b.layout == "stacked":
+        along_k = False
+        (tokens, k), (groups, n, kb) = (a.data.shape[0], 2 * a.data.shape[1]), (*b.data.shape[:2], 2 * b.data.shape[2])
+        if k != kb:
+            raise ValueError(f"a is [T, K] = [{tokens}, {k}] and b is [E, N, K] = [{groups}, {n}, {kb}]; their K "
+                             f"must match")
+        if groups != a.groups:
+            raise ValueError(f"a has {a.groups} groups but b stacks {groups} experts; they must match")
+        shape = (tokens, n)
+    elif a.layout == "columns" and b.layout == "columns":
+        along_k = True
+        (n, width), (k, width_b) = (a.data.shape[0], 2 * a.data.shape[1]), (b.data.shape[0], 2 * b.data.shape[1])
+        if width != width_b or a.groups != b.groups:
+            raise ValueError(f"a [N, C] = [{n}, {width}] with {a.groups} groups and b [K, C] = [{k}, {width_b}] with "
+                             f"{b.groups} groups: both must be columnwise copies of one routing (equal C and E)")
+        groups = a.groups
+        shape = (groups, n, k)
+        if bias is not None:
+            raise ValueError("bias is added along N of a grouped GEMM over rows; the wgrad form takes none")
+    else:
+        raise ValueError(f"a is a {a.layout!r} copy and b a {b.layout!r} one; grouped_gemm multiplies a 'rows' copy "
+                         f"by a 'stacked' one (fprop, dgrad) or two 'columns' copies (wgrad)")
+    offsets = a.offsets if offsets is None else group_offsets(offsets, shape[0] if not along_k else None, a.device)
+    if offsets.shape[0] != groups:
+        raise ValueError(f"offsets has {offsets.shape[0]} group ends but the operands have {groups} groups")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+        out_dtype = out.dtype if out_dtype is None else out_dtype
+        if out.dtype != out_dtype:
+            raise TypeError(f"out.dtype is {out.dtype} but out_dtype is {out_dtype}; they must agree")
+        if tuple(out.shape) != shape or not out.is_contiguous() or out.device != a.device:
+            raise ValueError(f"out must be a contiguous {list(shape)} tensor on {a.device}, got "
+                             f"{list(out.shape)} on {out.device}")
+    elif accumulate:
+        raise ValueError("accumulate=True adds into `out`, but out is None; pass the tensor to add into")
+    out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+    if out_dtype not in api.GEMM_OUT_DTYPES:
+        raise TypeError(f"out_dtype is {out_dtype}; fp4gen.grouped_gemm produces {api.dtype_names(api.GEMM_OUT_DTYPES)}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
+            raise TypeError("bias must be a floating-point tensor [E, N] or None")
+        if tuple(bias.shape) != (groups, shape[1]) or bias.device != a.device:
+            raise ValueError(f"bias must be [E, N] = [{groups}, {shape[1]}] on {a.device}, got {list(bias.shape)} on "
+                             f"{bias.device}")
+    name = api.choose_backend(a.device, backend)
+    if name == "reference":
+        from . import reference_grouped as impl
+    else:
+        from .cuda import grouped as impl
+    return impl.grouped_gemm(a, b, offsets, along_k, shape, out_dtype, out, accumulate, bias)

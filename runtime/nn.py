@@ -1,4 +1,5 @@
-"""fp4gen.nn.Linear: a torch.nn.Linear whose fprop, dgrad and wgrad GEMMs run in NVFP4.
+"""fp4gen.nn.Linear: a torch.nn.Linear whose fprop, dgrad and wgrad GEMMs run in NVFP4 (and GroupedLinear, the
+experts of a mixture-of-experts layer, in grouped_linear.py).
 
     fprop  Y  = X Wᵀ   X rowwise (row-scaled)        x  W rowwise (per tensor)
     dgrad  dX = dY W   dY rowwise (per tensor)       x  W columnwise
@@ -114,6 +115,15 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         if ctx.bias_dtype is not None:
             db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)  # fp32 accumulation, no fp32 copy of dY
         return dx, dw, db, None, None, None, None, None, None
+
+
+def main_grad_of(weight: torch.Tensor) -> torch.Tensor:
+    """weight.main_grad, which accumulate_main_grad=True adds the weight gradient into: an fp32 tensor shaped
+    like the weight that the caller attached (anything else is a ValueError)."""
+    main_grad = getattr(weight, "main_grad", None)
+    if not isinstance(main_grad, torch.Tensor) or main_grad.dtype != torch.float32 or main_grad.shape != weight.shape:
+        raise ValueError("accumulate_main_grad=True needs weight.main_grad: an fp32 tensor shaped like the weight")
+    return main_grad
 
 
 def _autocast_dtype(x: torch.Tensor):
@@ -240,13 +250,7 @@ class Linear(torch.nn.Linear):
         if need_wgrad and tokens % BLOCK:
             raise ValueError(f"the input flattens to {tokens} tokens; training needs a multiple of {BLOCK} "
                              f"(wgrad contracts over tokens in NVFP4 blocks)")
-        main_grad = None
-        if self.accumulate_main_grad:
-            main_grad = getattr(self.weight, "main_grad", None)
-            if not isinstance(main_grad, torch.Tensor) or main_grad.dtype != torch.float32 \
-                    or main_grad.shape != self.weight.shape:
-                raise ValueError("accumulate_main_grad=True needs weight.main_grad: an fp32 tensor shaped like "
-                                 "the weight")
+        main_grad = main_grad_of(self.weight) if self.accumulate_main_grad else None
         qw_row, qw_col = self._quantized_weight()
         # stochastic rounding of dY draws from the device's default state, advanced by each backward
         rng_state = RNGState.default(x2d.device).tensor if self.recipe.stochastic_rounding else _no_rng(x2d)
@@ -256,3 +260,6 @@ class Linear(torch.nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe}"
+
+
+from .grouped_linear import GroupedLinear  # noqa: E402  (it builds on this module's state)

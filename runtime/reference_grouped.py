@@ -19,6 +19,7 @@ from .formats import BLOCK, GroupedNVFP4Data
 from .grouped import capacity, padded_offsets
 from .hadamard import apply_rht
 from .options import QuantizeOptions
+from . import reference
 from .reference import E4M3_MAX, _abs_max, _quantize_1d, _quantize_2d, _random_bytes
 
 
@@ -103,3 +104,37 @@ def quantize_grouped(x2d: torch.Tensor, offsets: torch.Tensor, rows_per_group: i
         else:
             col = GroupedNVFP4Data(data, scale, amax, "columns", row_scaled, offsets, padded, e4m3_max=e4m3_max)
     return row, col
+
+
+def grouped_gemm(a: GroupedNVFP4Data, b: GroupedNVFP4Data, offsets: torch.Tensor, along_k: bool, shape: tuple,
+                 out_dtype: torch.dtype, out, accumulate: bool, bias) -> torch.Tensor:
+    """Each group through the dense reference GEMM (float64 accumulation, one rounding to fp32, the
+    bilateral epilogue), on the groups' own copies: rows along M, or the padded token columns along K."""
+    ends = offsets.tolist()
+    if along_k:
+        padded = padded_offsets(offsets)
+        a = _with_padded_offsets(a, padded)
+        b = _with_padded_offsets(b, padded)
+    else:
+        _check_host_offsets(ends, shape[0])
+    d = torch.zeros(shape, dtype=torch.float32, device=a.device)
+    for g in range(len(ends)):
+        part = reference.gemm(a.group(g), b.group(g), torch.float32, None, False,
+                              None if bias is None else bias[g])
+        if along_k:
+            d[g] = part
+        else:
+            d[(ends[g - 1] if g else 0):ends[g]] = part
+    if accumulate:
+        d = d + out.float()
+    d = d.to(out_dtype)
+    if out is None:
+        return d
+    out.copy_(d)
+    return out
+
+
+def _with_padded_offsets(copy: GroupedNVFP4Data, padded: torch.Tensor) -> GroupedNVFP4Data:
+    """A "columns" copy whose groups are located by `padded` (the GEMM's offsets) rather than its own."""
+    return GroupedNVFP4Data(copy.data, copy.scale, copy.amax, "columns", copy.row_scaled, copy.offsets, padded,
+                            copy.e4m3_max)

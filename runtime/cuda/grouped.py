@@ -7,7 +7,7 @@ import torch
 from ..formats import BLOCK, GroupedNVFP4Data
 from ..grouped import capacity, padded_offsets
 from ..options import QuantizeOptions
-from .ops import _empty, _launch, _ptr, _row_start_bits, _kernel_for
+from .ops import _empty, _kernel_for, _launch, _ptr, _row_start_bits, gemm_alpha
 
 _FOUR_OVER_SIX = {None: 0, "mae": 1, "mse": 2}
 
@@ -70,3 +70,49 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
             int(row_scaled), int(block == (16, 16)), int(options.hadamard), _FOUR_OVER_SIX[options.four_over_six],
             int(options.rounding == "stochastic"))
     return row, col
+
+
+def _grouped_gemm_kernel(device, out_dtype, k: int, pointers: dict, rows_per_group: float):
+    """The declared grouped GEMM for the problem: the 64-row tile when groups average at most 64 rows (fewer
+    CTAs idle past a group's end), else the 128-row one."""
+    tile = "64x128x64" if rows_per_group <= 64 else "128x128x64"
+    return _kernel_for("grouped_gemm", device, {"out_dtype": out_dtype}, k, pointers, {"packed_tile": tile})
+
+
+def grouped_gemm(a: GroupedNVFP4Data, b: GroupedNVFP4Data, offsets: torch.Tensor, along_k: bool, shape: tuple,
+                 out_dtype: torch.dtype, out, accumulate: bool, bias) -> torch.Tensor:
+    """One library call: A's fp16 copy, (along M) the groups' tile counts, then the grouped GEMM, all on the
+    current stream; the offsets stay on the device."""
+    device = a.device
+    groups = offsets.shape[0]
+    m, k = a.data.shape[0], 2 * a.data.shape[1]
+    n = b.data.shape[1] if not along_k else b.data.shape[0]
+    if along_k:
+        group_ends = padded_offsets(offsets)  # the padded token columns, as the columnwise copies lay them out
+        rows_per_group = m
+    else:
+        group_ends = offsets
+        rows_per_group = m / groups
+    pointers = {"a_codes": a.data.data_ptr(), "a_scale": a.scale.data_ptr(), "b_codes": b.data.data_ptr(),
+                "b_scale": b.scale.data_ptr()}
+    kernel = _grouped_gemm_kernel(device, out_dtype, k, pointers, rows_per_group)
+    d = out if out is not None else torch.empty(shape, dtype=out_dtype, device=device)
+    if m == 0 or n == 0:
+        return d
+    if k == 0:  # nothing to contract: D = C when accumulating, else zeros
+        return d if accumulate else d.zero_()
+    output_stride = m * n if along_k else 0  # elements from one group's [M, N] output to the next
+    bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
+    ldd = n
+    args = (a.data.data_ptr(), a.scale.data_ptr(), b.data.data_ptr(), b.scale.data_ptr(),
+            d.data_ptr() if accumulate else None, d.data_ptr(), a.amax.data_ptr(), b.amax.data_ptr(), _ptr(bias32),
+            gemm_alpha(a, b), 1.0 if accumulate else 0.0, m, n, k, a.data.stride(0), a.scale.stride(0),
+            b.data.stride(-2), b.scale.stride(-2), ldd, ldd, int(a.row_scaled), int(b.row_scaled),
+            group_ends.data_ptr(), groups, int(along_k),
+            0 if along_k else b.data.stride(0), 0 if along_k else b.scale.stride(0), output_stride, output_stride,
+            (m if along_k else 0) if a.row_scaled else 1, n if b.row_scaled else 1,
+            n if bias is not None else 0)
+    workspace_bytes = kernel.workspace_size(*args, None)
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device) if workspace_bytes else None
+    _launch(kernel, device, *args, _ptr(workspace))
+    return d

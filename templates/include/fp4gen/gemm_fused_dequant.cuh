@@ -407,6 +407,16 @@ void launch_split_k_epilogue(const Params& params, cudaStream_t stream) {
 
 }  // namespace fused_gemm
 
+// opt_in_shared_bytes on the current device, as a status: kOk, or the CUDA error. Kernels above 48 KB of
+// dynamic shared memory must opt in before their launch (a per-function attribute, not a stream operation).
+template <auto kKernel>
+int opt_in_shared_bytes_here(size_t bytes) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = opt_in_shared_bytes<kKernel>(device, bytes);
+  return err == cudaSuccess ? kOk : kCudaErrorBase + static_cast<int>(err);
+}
+
 // Checks the problem and launches kKernel, a GEMM over the packed operands with BM x BN tiles, kThreads
 // threads and kSmemBytes of dynamic shared memory (and, with split K, the kernel that adds the partial sums).
 template <int BM, int BN, class OutT, auto kKernel, int kThreads, int kSmemBytes>
@@ -414,11 +424,7 @@ int launch_packed_gemm(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   const int status = fused_gemm_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
-  // above 48 KB of dynamic shared memory a kernel must opt in (a per-function attribute, not a stream op)
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = opt_in_shared_bytes<kKernel>(device, kSmemBytes);
-  if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
+  if (const int opted = opt_in_shared_bytes_here<kKernel>(kSmemBytes); opted != kOk) return opted;
   const fused_gemm::Params params = fused_gemm::make_params(FP4GEN_FUSED_GEMM_ARGS);
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
                   static_cast<unsigned>(split_k));

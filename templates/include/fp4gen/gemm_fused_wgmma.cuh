@@ -170,9 +170,12 @@ struct HalfTileLoader {
   }
 };
 
-template <int BM, int BN, int kCtas, class OutT>
-__global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(const Params p, const uint8_t* a_half) {
-  static_assert(fits_multiprocessor<BM, BN, kCtas>(), "the tile's shared memory does not fit kCtas CTAs");
+// One CTA's output tile: rows m0 .. m0 + BM - 1 (those below p.m) and columns n0 .. n0 + BN - 1 of D, over
+// k-tiles k_first .. k_first + k_tiles - 1; with p.split_k > 1 the sums go to `partials` ([m, n]) instead
+// of through the epilogue. Shared memory: Tile<BM, BN>::kSmemBytes of dynamic shared memory.
+template <int BM, int BN, class OutT>
+__device__ __forceinline__ void gemm_tile(const Params& p, const uint8_t* a_half, int64_t m0, int64_t n0, int k_first,
+                                          int k_tiles, float* partials) {
   using T = Tile<BM, BN>;
   constexpr int kThreads = T::kThreads, kStages = T::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -184,10 +187,6 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
   uint8_t* const stages = halves + T::kBuffers * T::kHalfBytes;   // kStages x [codes BN x 32 | scales BN x 4]
 
   const int tid = threadIdx.x, lane = tid & 31, warp_group = tid >> 7, warp = (tid >> 5) & 3;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * BM, n0 = static_cast<int64_t>(blockIdx.x) * BN;
-  const int all_k_tiles = static_cast<int>(p.k / kTileK);
-  const int k_first = static_cast<int>(static_cast<int64_t>(all_k_tiles) * blockIdx.z / p.split_k);
-  const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (blockIdx.z + 1) / p.split_k) - k_first;
 
   // B's rows only (a loader over zero rows of A)
   fused_gemm::PackedTileLoader<0, BN, kThreads> b_loader(p, m0, n0, k_first, tid);
@@ -258,7 +257,6 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
 
   // The accumulator of m64nBNk16: for value i of a thread, row 16 * warp + lane / 4 + 8 * (i / 2 % 2) and
   // column 8 * (i / 4) + 2 * (lane % 4) + i % 2 (pairs of adjacent columns).
-  float* const partials = p.partials + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int64_t row = m0 + warp_group * 64 + warp * 16 + (lane >> 2) + half * 8;
@@ -278,6 +276,16 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
       }
     }
   }
+}
+
+template <int BM, int BN, int kCtas, class OutT>
+__global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(const Params p, const uint8_t* a_half) {
+  static_assert(fits_multiprocessor<BM, BN, kCtas>(), "the tile's shared memory does not fit kCtas CTAs");
+  const int all_k_tiles = static_cast<int>(p.k / kTileK);
+  const int k_first = static_cast<int>(static_cast<int64_t>(all_k_tiles) * blockIdx.z / p.split_k);
+  const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (blockIdx.z + 1) / p.split_k) - k_first;
+  gemm_tile<BM, BN, OutT>(p, a_half, static_cast<int64_t>(blockIdx.y) * BM, static_cast<int64_t>(blockIdx.x) * BN,
+                          k_first, k_tiles, p.partials + static_cast<int64_t>(blockIdx.z) * p.m * p.n);
 }
 
 // The workspace: split K's partial sums (fused_gemm_workspace_size), then A's fp16 copy at a 256-byte
@@ -308,10 +316,7 @@ int fused_wgmma_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   const int status = fused_wgmma_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = opt_in_shared_bytes<kKernel>(device, T::kSmemBytes);
-  if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
+  if (const int opted = opt_in_shared_bytes_here<kKernel>(T::kSmemBytes); opted != kOk) return opted;
   const fused_gemm::Params params = fused_gemm::make_params(FP4GEN_FUSED_GEMM_ARGS);
   uint8_t* const a_half = static_cast<uint8_t*>(workspace) + fused_wgmma::half_a_offset(FP4GEN_FUSED_GEMM_ARGS);
   const int64_t a_blocks = m * (k / 16);

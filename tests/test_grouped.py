@@ -1,6 +1,7 @@
-"""fp4gen.quantize_grouped on the reference backend: every group equals the dense fp4gen.quantize of its slice
-(the columnwise copy of the slice padded with zero tokens to a multiple of 64), for any group sizes; the
-layouts, capacity and padded offsets; stochastic rounding keyed by position; clear errors for bad offsets."""
+"""Grouped (mixture-of-experts) operations on the reference backend. quantize_grouped: every group equals the
+dense fp4gen.quantize of its slice (the columnwise copy of the slice padded with zero tokens to a multiple of
+64), for any group sizes; the layouts, capacity and padded offsets; stochastic rounding keyed by position;
+clear errors for bad offsets. grouped_gemm: each group's dense GEMM. GroupedLinear: a loop of Linear layers."""
 import pytest
 import torch
 
@@ -136,3 +137,126 @@ def test_bad_arguments_are_clear_errors(call, error, fragments):
         call(torch.randn(48, 32))
     for fragment in fragments:
         assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
+
+
+# --- grouped_gemm and GroupedLinear on the reference backend ---
+
+def _grouped_operands(sizes, k=64, n=48, seed=3):
+    torch.manual_seed(seed)
+    ends = _ends(sizes)
+    t, e = ends[-1], len(sizes)
+    x, dy, w = torch.randn(t, k), torch.randn(t, n), torch.randn(e, n, k)
+    gx = fp4gen.quantize_grouped(x, ends, hadamard=True)
+    gdy = fp4gen.quantize_grouped(dy, ends, scaling="tensor", hadamard=True)
+    gw = fp4gen.quantize_grouped(w, None, scaling="tensor", block=(16, 16))
+    return ends, gx, gdy, gw
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_grouped_gemm_is_the_dense_gemm_of_each_group(routing):
+    ends, gx, gdy, gw = _grouped_operands(ROUTINGS[routing])
+    starts = [0] + ends[:-1]
+    y = fp4gen.grouped_gemm(gx.rowwise, gw.rowwise, out_dtype=torch.float32)
+    dx = fp4gen.grouped_gemm(gdy.rowwise, gw.columnwise, ends, out_dtype=torch.float32)
+    dw = fp4gen.grouped_gemm(gdy.columnwise, gx.columnwise, torch.tensor(ends), out_dtype=torch.float32)
+    assert y.shape == (ends[-1], 48) and dx.shape == (ends[-1], 64) and dw.shape == (len(ends), 48, 64)
+    for g, (s, e) in enumerate(zip(starts, ends)):
+        if e > s:
+            assert torch.equal(y[s:e], fp4gen.gemm(gx.rowwise.group(g), gw.rowwise.group(g), torch.float32))
+            assert torch.equal(dx[s:e], fp4gen.gemm(gdy.rowwise.group(g), gw.columnwise.group(g), torch.float32))
+            want = fp4gen.gemm(gdy.columnwise.group(g), gx.columnwise.group(g), torch.float32)
+            assert torch.equal(dw[g], want)
+        else:
+            assert not dw[g].any()
+
+
+def test_grouped_gemm_against_float64_of_the_dequantized_operands():
+    ends, gx, _, gw = _grouped_operands([10, 0, 54], seed=4)
+    y = fp4gen.grouped_gemm(gx.rowwise, gw.rowwise, out_dtype=torch.float32)
+    starts = [0] + ends[:-1]
+    for g, (s, e) in enumerate(zip(starts, ends)):
+        if e > s:
+            a = fp4gen.dequantize(gx.rowwise.group(g), torch.float32).double()
+            b = fp4gen.dequantize(gw.rowwise.group(g), torch.float32).double()
+            want = a @ b.T
+            assert ((y[s:e].double() - want).norm() / want.norm()).item() < 1e-6
+
+
+def test_grouped_gemm_accumulates_and_adds_bias():
+    ends, gx, gdy, gw = _grouped_operands([16, 32, 0])
+    base = fp4gen.grouped_gemm(gdy.columnwise, gx.columnwise, out_dtype=torch.float32)
+    main_grad = torch.ones(3, 48, 64)
+    got = fp4gen.grouped_gemm(gdy.columnwise, gx.columnwise, out=main_grad, accumulate=True)
+    assert got is main_grad and torch.allclose(main_grad, base + 1)
+    bias = torch.randn(3, 48)
+    y = fp4gen.grouped_gemm(gx.rowwise, gw.rowwise, out_dtype=torch.float32)
+    yb = fp4gen.grouped_gemm(gx.rowwise, gw.rowwise, out_dtype=torch.float32, bias=bias)
+    assert torch.allclose(yb[:16], y[:16] + bias[0]) and torch.allclose(yb[16:], y[16:] + bias[1])
+
+
+GEMM_ERRORS = [
+    (lambda gx, gdy, gw: fp4gen.grouped_gemm(gx, gw.rowwise), TypeError, ["GroupedNVFP4Data", "a.rowwise"]),
+    (lambda gx, gdy, gw: fp4gen.grouped_gemm(gx.rowwise, gx.columnwise), ValueError, ["'rows' copy", "'columns'"]),
+    (lambda gx, gdy, gw: fp4gen.grouped_gemm(gx.rowwise, gw.columnwise), ValueError, ["their K must match"]),
+    (lambda gx, gdy, gw: fp4gen.grouped_gemm(gx.rowwise, gw.rowwise, [10, 64]), ValueError, ["2 group ends", "3"]),
+    (lambda gx, gdy, gw: fp4gen.grouped_gemm(gx.rowwise, gw.rowwise, out_dtype=torch.float16), TypeError,
+     ["out_dtype is torch.float16"]),
+    (lambda gx, gdy, gw: fp4gen.grouped_gemm(gx.rowwise, gw.rowwise, accumulate=True), ValueError,
+     ["accumulate=True", "out is None"]),
+    (lambda gx, gdy, gw: fp4gen.grouped_gemm(gdy.columnwise, gx.columnwise, bias=torch.zeros(3, 48)), ValueError,
+     ["takes none"]),
+    (lambda gx, gdy, gw: fp4gen.grouped_gemm(gx.rowwise, gw.rowwise, bias=torch.zeros(48)), ValueError,
+     ["bias must be [E, N] = [3, 48]"]),
+]
+
+
+@pytest.mark.parametrize("call,error,fragments", GEMM_ERRORS)
+def test_grouped_gemm_errors(call, error, fragments):
+    _, gx, gdy, gw = _grouped_operands([10, 0, 54])
+    with pytest.raises(error) as info:
+        call(gx, gdy, gw)
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} missing from: {info.value}"
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_grouped_linear_equals_a_loop_of_linear_layers(bias):
+    """Group sizes multiple of 16 (so that each fp4gen.nn.Linear can run wgrad on its slice): every output
+    and gradient equals the loop's, since each group is quantized exactly as a dense call on its slice."""
+    torch.manual_seed(5)
+    sizes = [16, 0, 48, 32]
+    ends, starts = _ends(sizes), [0] + _ends(sizes)[:-1]
+    layer = fp4gen.nn.GroupedLinear(4, 64, 128, bias=bias)
+    x = torch.randn(ends[-1], 64, requires_grad=True)
+    dy = torch.randn(ends[-1], 128)
+    layer(x, torch.tensor(ends)).backward(dy)
+    x_loop = x.detach().clone().requires_grad_(True)
+    for e, (s, t) in enumerate(zip(starts, ends)):
+        linear = fp4gen.nn.Linear(64, 128, bias=bias)
+        with torch.no_grad():
+            linear.weight.copy_(layer.weight[e])
+            if bias:
+                linear.bias.copy_(layer.bias[e])
+        if t == s:
+            assert not layer.weight.grad[e].any()
+            continue
+        y = linear(x_loop[s:t])
+        y.backward(dy[s:t])
+        assert torch.equal(layer.weight.grad[e], linear.weight.grad)
+        if bias:
+            assert torch.allclose(layer.bias.grad[e], linear.bias.grad, rtol=1e-6, atol=1e-6)
+    assert torch.equal(x.grad, x_loop.grad)
+
+
+def test_grouped_linear_checks_its_arguments():
+    with pytest.raises(ValueError, match="multiple of 64"):
+        fp4gen.nn.GroupedLinear(2, 48, 64)
+    with pytest.raises(ValueError, match="num_experts"):
+        fp4gen.nn.GroupedLinear(0, 64, 64)
+    layer = fp4gen.nn.GroupedLinear(2, 64, 64)
+    with pytest.raises(ValueError, match="2 experts"):
+        layer(torch.randn(32, 64), [10, 20, 32])
+    with pytest.raises(ValueError, match=r"tokens \[T, 64\]"):
+        layer(torch.randn(2, 16, 64), [16, 32])
+    with pytest.raises(ValueError, match="offsets\\[-1\\] = 30"):
+        layer(torch.randn(32, 64), [10, 30])

@@ -1,0 +1,188 @@
+"""fp4gen.nn.GroupedLinear: the experts of a mixture-of-experts layer, one [E, out, in] weight, whose fprop,
+dgrad and wgrad run as grouped NVFP4 GEMMs (one launch each) over tokens sorted by expert:
+
+    fprop  Y_g  = X_g W_gᵀ   X rowwise ("rows", per token or per expert)  x  W rowwise (stacked, per expert)
+    dgrad  dX_g = dY_g W_g   dY rowwise                                   x  W columnwise (stacked)
+    wgrad  dW_g = dY_gᵀ X_g  dY columnwise ("columns")                    x  X columnwise ("columns")
+
+with the Recipe's options as fp4gen.nn.Linear takes them. The group sizes stay on the device: a step neither
+synchronizes nor depends on the routing when captured in a CUDA graph. Forward saves only NVFP4 copies.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import nn as _nn
+from .formats import BLOCK, GroupedNVFP4Data
+from .grouped import group_offsets, grouped_gemm, quantize_grouped
+from .recipe import Recipe
+from .rng import RNGState
+
+_COPY_FIELDS = ("data", "scale", "amax", "offsets", "padded_offsets")
+
+
+def _tensors(copy: GroupedNVFP4Data | None) -> list:
+    """A copy's tensors for ctx.save_for_backward (None for what it lacks)."""
+    return [getattr(copy, f) if copy is not None else None for f in _COPY_FIELDS]
+
+
+def _copy(tensors, meta) -> GroupedNVFP4Data | None:
+    if meta is None:
+        return None
+    data, scale, amax, offsets, padded = tensors
+    return GroupedNVFP4Data._made_by_fp4gen(data, scale, amax, *meta[:2], offsets, padded, meta[2])
+
+
+def _meta(copy: GroupedNVFP4Data | None):
+    return None if copy is None else (copy.layout, copy.row_scaled, copy.e4m3_max)
+
+
+class _GroupedLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, offsets, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad, rng):
+        gx = quantize_grouped(x, offsets, scaling=recipe.activation_scaling, rowwise=True, columnwise=need_wgrad,
+                              hadamard=recipe.hadamard_wgrad and need_wgrad,
+                              four_over_six=recipe.activation_four_over_six)
+        y_dtype = _nn.GEMM_OUT[x.dtype]
+        y = grouped_gemm(gx.rowwise, w_row, offsets, out_dtype=y_dtype,
+                         bias=bias.to(y_dtype) if bias is not None else None)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        ctx.save_for_backward(offsets, *_tensors(gx.columnwise), *_tensors(w_col))
+        ctx.x_col_meta, ctx.w_col_meta = _meta(gx.columnwise), _meta(w_col)
+        ctx.recipe, ctx.main_grad, ctx.need_wgrad, ctx.rng = recipe, main_grad, need_wgrad, rng
+        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.needs_x_grad = ctx.needs_input_grad[0]
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        saved = ctx.saved_tensors
+        offsets, n = saved[0], len(_COPY_FIELDS)
+        x_col, w_col = _copy(saved[1:1 + n], ctx.x_col_meta), _copy(saved[1 + n:], ctx.w_col_meta)
+        recipe = ctx.recipe
+        dy = dy.contiguous()
+        dx = dw = db = None
+        if ctx.needs_x_grad or ctx.need_wgrad:
+            gdy = quantize_grouped(dy, offsets, scaling=recipe.gradient_scaling, rowwise=ctx.needs_x_grad,
+                                   columnwise=ctx.need_wgrad, rounding=recipe.gradient_rounding,
+                                   rng=ctx.rng if recipe.stochastic_rounding else None,
+                                   hadamard=recipe.hadamard_wgrad and ctx.need_wgrad)
+            if ctx.needs_x_grad:
+                dx = grouped_gemm(gdy.rowwise, w_col, offsets, out_dtype=_nn.GEMM_OUT[ctx.x_dtype]).to(ctx.x_dtype)
+            if ctx.need_wgrad:
+                if ctx.main_grad is not None:
+                    grouped_gemm(gdy.columnwise, x_col, offsets, out=ctx.main_grad, accumulate=True)
+                else:
+                    dw = grouped_gemm(gdy.columnwise, x_col, offsets,
+                                      out_dtype=_nn.GEMM_OUT[ctx.w_dtype]).to(ctx.w_dtype)
+        if ctx.bias_dtype is not None:
+            db = _group_sums(dy, offsets).to(ctx.bias_dtype)
+        return dx, None, dw, db, None, None, None, None, None, None
+
+
+def _group_sums(dy: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """fp32 [E, N]: the sum of each group's rows of dy, without reading the offsets on the host."""
+    tokens = torch.arange(dy.shape[0], device=dy.device)
+    group = torch.searchsorted(offsets, tokens, right=True).clamp_max(offsets.shape[0] - 1)
+    sums = torch.zeros(offsets.shape[0], dy.shape[1], dtype=torch.float32, device=dy.device)
+    return sums.index_add_(0, group, dy.float())
+
+
+class GroupedLinear(torch.nn.Module):
+    """num_experts linear layers (the experts of a mixture-of-experts block) that train with grouped NVFP4
+    GEMMs: `layer(x, offsets)` maps tokens x [T, in_features], sorted by expert, to [T, out_features],
+    tokens offsets[e-1] .. offsets[e]-1 through expert e (offsets: the cumulative ends, an int32/int64 tensor
+    [num_experts] on x's device, as torch.nn.functional.grouped_mm takes them, or a host list).
+
+    weight is one [num_experts, out_features, in_features] parameter (bias, if any, [num_experts,
+    out_features]), each expert initialized as torch.nn.Linear initializes its weight. in_features and
+    out_features must be multiples of 64 (the grouped GEMM's k-tiles run along both). Any expert may get no
+    tokens (its weight gradient is then zero). The recipe is fp4gen.nn.Linear's; the quantized weight is
+    cached the same way (until the weight's version counter moves or an optimizer steps).
+
+    accumulate_main_grad=True adds the weight gradient into `weight.main_grad` (fp32, shaped like the
+    weight) inside the wgrad GEMM instead of producing `weight.grad`.
+    """
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int, bias: bool = False, *,
+                 recipe: Recipe | None = None, device=None, dtype=None, accumulate_main_grad: bool = False):
+        super().__init__()
+        if not isinstance(num_experts, int) or num_experts < 1:
+            raise ValueError(f"num_experts={num_experts!r}: it must be a positive int")
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if value % 64:
+                raise ValueError(f"{name}={value}: fp4gen.nn.GroupedLinear needs a multiple of 64 (the grouped "
+                                 f"GEMMs contract over both in 64-element k-tiles)")
+        param_dtype = dtype if dtype is not None else torch.get_default_dtype()
+        if param_dtype not in _nn.PARAM_DTYPES:
+            raise ValueError(f"dtype={param_dtype}: fp4gen.nn.GroupedLinear keeps its parameters in bfloat16, "
+                             f"float16 or float32")
+        if recipe is not None and not isinstance(recipe, Recipe):
+            raise TypeError(f"recipe must be an fp4gen.Recipe or None, got {type(recipe).__name__}")
+        if not isinstance(accumulate_main_grad, bool):
+            raise TypeError(f"accumulate_main_grad must be True or False, got {accumulate_main_grad!r}")
+        self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
+        factory = dict(device=device, dtype=dtype)
+        self.weight = torch.nn.Parameter(torch.empty(num_experts, out_features, in_features, **factory))
+        self.bias = torch.nn.Parameter(torch.empty(num_experts, out_features, **factory)) if bias else None
+        self.recipe = recipe if recipe is not None else Recipe()
+        self.accumulate_main_grad = accumulate_main_grad
+        self._weight_cache = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Each expert as torch.nn.Linear initializes itself: weight and bias uniform in +-1/sqrt(in_features)
+        (kaiming_uniform with a = sqrt(5) gives that bound for the weight)."""
+        bound = 1.0 / math.sqrt(self.in_features)
+        with torch.no_grad():
+            for e in range(self.num_experts):
+                torch.nn.init.kaiming_uniform_(self.weight[e], a=math.sqrt(5))
+            if self.bias is not None:
+                self.bias.uniform_(-bound, bound)
+
+    def clear_weight_cache(self) -> None:
+        self._weight_cache = None
+
+    def _quantized_weight(self):
+        w = self.weight.detach()
+        capturing = w.is_cuda and torch.cuda.is_current_stream_capturing()
+        key = (self.weight._version, _nn._optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
+        if capturing or self._weight_cache is None or self._weight_cache[0] != key:
+            q = quantize_grouped(w, None, scaling="tensor", block=self.recipe.weight_block,
+                                 four_over_six=self.recipe.weight_four_over_six)
+            if capturing:  # a captured step quantizes the weight in the graph itself
+                return q.rowwise, q.columnwise
+            self._weight_cache = (key, q.rowwise, q.columnwise)
+        return self._weight_cache[1], self._weight_cache[2]
+
+    def forward(self, x: torch.Tensor, offsets) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"x has shape {tuple(x.shape)}; GroupedLinear takes tokens [T, {self.in_features}] "
+                             f"sorted by expert")
+        x = x.to(self._compute_dtype(x))
+        offsets = group_offsets(offsets, x.shape[0], x.device)  # int64 on x's device, checked without a sync
+        if offsets.shape[0] != self.num_experts:
+            raise ValueError(f"offsets has {offsets.shape[0]} group ends; this layer has {self.num_experts} experts")
+        need_wgrad = torch.is_grad_enabled() and self.weight.requires_grad
+        main_grad = _nn.main_grad_of(self.weight) if self.accumulate_main_grad else None
+        w_row, w_col = self._quantized_weight()
+        rng = RNGState.default(x.device) if self.recipe.stochastic_rounding else None
+        return _GroupedLinearFunction.apply(x, offsets, self.weight, self.bias, w_row, w_col, self.recipe, main_grad,
+                                            need_wgrad, rng)
+
+    def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+        autocast = _nn._autocast_dtype(x)
+        if autocast is not None:
+            return autocast
+        if x.dtype != self.weight.dtype:
+            raise TypeError(f"input dtype {x.dtype} differs from the layer's parameters ({self.weight.dtype}); "
+                            f"outside torch.autocast they must agree")
+        return x.dtype
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}, recipe={self.recipe}")
