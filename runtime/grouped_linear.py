@@ -14,71 +14,65 @@ import math
 
 import torch
 
+from . import grouped_torch_ops
 from . import nn as _nn
-from .formats import BLOCK, GroupedNVFP4Data
-from .grouped import group_offsets, grouped_gemm, quantize_grouped
+from .formats import BLOCK
+from .grouped import group_offsets
 from .recipe import Recipe
 from .rng import RNGState
 
-_COPY_FIELDS = ("data", "scale", "amax", "offsets", "padded_offsets")
-
-
-def _tensors(copy: GroupedNVFP4Data | None) -> list:
-    """A copy's tensors for ctx.save_for_backward (None for what it lacks)."""
-    return [getattr(copy, f) if copy is not None else None for f in _COPY_FIELDS]
-
-
-def _copy(tensors, meta) -> GroupedNVFP4Data | None:
-    if meta is None:
-        return None
-    data, scale, amax, offsets, padded = tensors
-    return GroupedNVFP4Data._made_by_fp4gen(data, scale, amax, *meta[:2], offsets, padded, meta[2])
-
-
-def _meta(copy: GroupedNVFP4Data | None):
-    return None if copy is None else (copy.layout, copy.row_scaled, copy.e4m3_max)
+def _meta(layout: str, row_scaled: bool, four_over_six) -> tuple:
+    """A grouped copy's static facts (grouped_torch_ops.Meta) as the recipe fixes them."""
+    return (layout, row_scaled, _nn.e4m3_max_of(four_over_six))
 
 
 class _GroupedLinearFunction(torch.autograd.Function):
+    """Operands are (data, scale, amax) triples from the grouped custom ops, so torch.compile traces the whole
+    step as opaque operators; each copy's layout, scaling and e4m3_max follow from the recipe."""
+
     @staticmethod
-    def forward(ctx, x, offsets, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad, rng):
-        gx = quantize_grouped(x, offsets, scaling=recipe.activation_scaling, rowwise=True, columnwise=need_wgrad,
-                              hadamard=recipe.hadamard_wgrad and need_wgrad,
-                              four_over_six=recipe.activation_four_over_six)
+    def forward(ctx, x, offsets, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad, rng_state):
+        ops = grouped_torch_ops.for_caller()
+        x_scaled = recipe.row_scaled_activation
+        q = ops.quantize(x, offsets, recipe.activation_scaling, [1, BLOCK], True, need_wgrad, "nearest",
+                         recipe.hadamard_wgrad and need_wgrad, recipe.activation_four_over_six, rng_state)
+        x_meta = _meta("rows", x_scaled, recipe.activation_four_over_six)
+        w_meta = _meta("stacked", False, recipe.weight_four_over_six)
         y_dtype = _nn.GEMM_OUT[x.dtype]
-        y = grouped_gemm(gx.rowwise, w_row, offsets, out_dtype=y_dtype,
-                         bias=bias.to(y_dtype) if bias is not None else None)
+        y = ops.gemm(*q[:3], *w_row, offsets, *x_meta, *w_meta, y_dtype,
+                     bias.to(y_dtype) if bias is not None else None)
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
-        ctx.save_for_backward(offsets, *_tensors(gx.columnwise), *_tensors(w_col))
-        ctx.x_col_meta, ctx.w_col_meta = _meta(gx.columnwise), _meta(w_col)
-        ctx.recipe, ctx.main_grad, ctx.need_wgrad, ctx.rng = recipe, main_grad, need_wgrad, rng
-        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.save_for_backward(offsets, *q[3:6], *w_col)  # NVFP4 copies only; X's are empty without wgrad
+        ctx.x_col_meta = _meta("columns", x_scaled, recipe.activation_four_over_six)
+        ctx.w_meta, ctx.recipe, ctx.main_grad, ctx.need_wgrad = w_meta, recipe, main_grad, need_wgrad
+        ctx.rng_state, ctx.x_dtype, ctx.w_dtype = rng_state, x.dtype, weight.dtype
         ctx.bias_dtype = bias.dtype if bias is not None else None
         ctx.needs_x_grad = ctx.needs_input_grad[0]
         return y
 
     @staticmethod
     def backward(ctx, dy):
+        ops = grouped_torch_ops.for_caller()
         saved = ctx.saved_tensors
-        offsets, n = saved[0], len(_COPY_FIELDS)
-        x_col, w_col = _copy(saved[1:1 + n], ctx.x_col_meta), _copy(saved[1 + n:], ctx.w_col_meta)
+        offsets, x_col, w_col = saved[0], saved[1:4], saved[4:7]
         recipe = ctx.recipe
         dy = dy.contiguous()
         dx = dw = db = None
         if ctx.needs_x_grad or ctx.need_wgrad:
-            gdy = quantize_grouped(dy, offsets, scaling=recipe.gradient_scaling, rowwise=ctx.needs_x_grad,
-                                   columnwise=ctx.need_wgrad, rounding=recipe.gradient_rounding,
-                                   rng=ctx.rng if recipe.stochastic_rounding else None,
-                                   hadamard=recipe.hadamard_wgrad and ctx.need_wgrad)
-            if ctx.needs_x_grad:
-                dx = grouped_gemm(gdy.rowwise, w_col, offsets, out_dtype=_nn.GEMM_OUT[ctx.x_dtype]).to(ctx.x_dtype)
-            if ctx.need_wgrad:
+            q = ops.quantize(dy, offsets, recipe.gradient_scaling, [1, BLOCK], ctx.needs_x_grad, ctx.need_wgrad,
+                             recipe.gradient_rounding, recipe.hadamard_wgrad and ctx.need_wgrad, None, ctx.rng_state)
+            dy_scaled = recipe.gradient_scaling == "row"
+            if ctx.needs_x_grad:  # dgrad: dY_g [T_g, N] x (W_g columnwise = W_g.T [K, N])
+                dx = ops.gemm(*q[:3], *w_col, offsets, *_meta("rows", dy_scaled, None), *ctx.w_meta,
+                              _nn.GEMM_OUT[ctx.x_dtype]).to(ctx.x_dtype)
+            if ctx.need_wgrad:  # wgrad: (dY columnwise [N, C]) x (X columnwise [K, C]), groups along C
+                dy_col_meta = _meta("columns", dy_scaled, None)
                 if ctx.main_grad is not None:
-                    grouped_gemm(gdy.columnwise, x_col, offsets, out=ctx.main_grad, accumulate=True)
+                    ops.gemm_accumulate(ctx.main_grad, *q[3:6], *x_col, offsets, *dy_col_meta, *ctx.x_col_meta)
                 else:
-                    dw = grouped_gemm(gdy.columnwise, x_col, offsets,
-                                      out_dtype=_nn.GEMM_OUT[ctx.w_dtype]).to(ctx.w_dtype)
+                    dw = ops.gemm(*q[3:6], *x_col, offsets, *dy_col_meta, *ctx.x_col_meta,
+                                  _nn.GEMM_OUT[ctx.w_dtype]).to(ctx.w_dtype)
         if ctx.bias_dtype is not None:
             db = _group_sums(dy, offsets).to(ctx.bias_dtype)
         return dx, None, dw, db, None, None, None, None, None, None
@@ -148,16 +142,24 @@ class GroupedLinear(torch.nn.Module):
         self._weight_cache = None
 
     def _quantized_weight(self):
+        """(rowwise, columnwise) triples of the stacked weight, one amax per expert. Cached on the weight's version
+        counter and the optimizer steps in eager mode; under torch.compile or CUDA-graph capture the quantization
+        is part of the graph instead (a cache hit there would leave a graph that never requantizes)."""
         w = self.weight.detach()
-        capturing = w.is_cuda and torch.cuda.is_current_stream_capturing()
+        ops = grouped_torch_ops.for_caller()
+        if torch.compiler.is_compiling() or (w.is_cuda and torch.cuda.is_current_stream_capturing()):
+            q = self._quantize_weight(ops, w)
+            return q[:3], q[3:6]
         key = (self.weight._version, _nn._optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
-        if capturing or self._weight_cache is None or self._weight_cache[0] != key:
-            q = quantize_grouped(w, None, scaling="tensor", block=self.recipe.weight_block,
-                                 four_over_six=self.recipe.weight_four_over_six)
-            if capturing:  # a captured step quantizes the weight in the graph itself
-                return q.rowwise, q.columnwise
-            self._weight_cache = (key, q.rowwise, q.columnwise)
+        if self._weight_cache is None or self._weight_cache[0] != key:
+            q = self._quantize_weight(ops, w)
+            self._weight_cache = (key, q[:3], q[3:6])
         return self._weight_cache[1], self._weight_cache[2]
+
+    def _quantize_weight(self, ops, w):
+        recipe = self.recipe
+        return ops.quantize(w, None, "tensor", list(recipe.weight_block), True, True, "nearest", False,
+                            recipe.weight_four_over_six, _nn._no_rng(w))
 
     def forward(self, x: torch.Tensor, offsets) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.in_features:
@@ -170,9 +172,10 @@ class GroupedLinear(torch.nn.Module):
         need_wgrad = torch.is_grad_enabled() and self.weight.requires_grad
         main_grad = _nn.main_grad_of(self.weight) if self.accumulate_main_grad else None
         w_row, w_col = self._quantized_weight()
-        rng = RNGState.default(x.device) if self.recipe.stochastic_rounding else None
+        # stochastic rounding of dY draws from the device's default state, advanced by each backward
+        rng_state = RNGState.default(x.device).tensor if self.recipe.stochastic_rounding else _nn._no_rng(x)
         return _GroupedLinearFunction.apply(x, offsets, self.weight, self.bias, w_row, w_col, self.recipe, main_grad,
-                                            need_wgrad, rng)
+                                            need_wgrad, rng_state)
 
     def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
         autocast = _nn._autocast_dtype(x)

@@ -260,3 +260,59 @@ def test_grouped_linear_checks_its_arguments():
         layer(torch.randn(2, 16, 64), [16, 32])
     with pytest.raises(ValueError, match="offsets\\[-1\\] = 30"):
         layer(torch.randn(32, 64), [10, 30])
+
+
+def test_grouped_linear_under_torch_compile_matches_eager():
+    """fullgraph: any graph break raises; the grouped ops are custom ops with fake implementations."""
+    def model(seed):
+        torch.manual_seed(seed)
+        return fp4gen.nn.GroupedLinear(3, 64, 128, bias=True)
+
+    eager, compiled_model = model(7), model(7)
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(40, 64)
+    offsets = torch.tensor([16, 16, 40])
+    for layer in (eager, compiled):
+        layer(x, offsets).square().mean().backward()
+    for p_eager, p_compiled in zip(eager.parameters(), compiled_model.parameters()):
+        assert torch.equal(p_eager.grad, p_compiled.grad)
+    torch.optim.SGD(compiled_model.parameters(), lr=0.1).step()  # the next compiled step sees new weights
+    loss = compiled(x, torch.tensor([0, 24, 40])).square().mean()
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("op,args", [
+    ("quantize_grouped", lambda: (torch.randn(40, 64), torch.tensor([7, 7, 40]), "row", [1, 16], True, True,
+                                  "nearest", True, None, torch.empty(0, dtype=torch.int64))),
+    ("quantize_grouped", lambda: (torch.randn(3, 32, 64), None, "tensor", [16, 16], True, True, "nearest", False,
+                                  "mae", torch.empty(0, dtype=torch.int64))),
+])
+def test_grouped_custom_ops_pass_opcheck(op, args):
+    torch.library.opcheck(getattr(torch.ops.fp4gen, op), args(), test_utils=_OPCHECKS)
+
+
+# test_schema is left out: its checks run float8 arithmetic that PyTorch's CPU kernels lack
+_OPCHECKS = ("test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def test_grouped_gemm_custom_ops_pass_opcheck():
+    no_rng = torch.empty(0, dtype=torch.int64)
+    offsets = torch.tensor([7, 7, 40])
+    qx = torch.ops.fp4gen.quantize_grouped(torch.randn(40, 64), offsets, "row", [1, 16], True, True, "nearest", True,
+                                           None, no_rng)
+    qdy = torch.ops.fp4gen.quantize_grouped(torch.randn(40, 32), offsets, "tensor", [1, 16], True, True, "nearest",
+                                            True, None, no_rng)
+    qw = torch.ops.fp4gen.quantize_grouped(torch.randn(3, 32, 64), None, "tensor", [16, 16], True, True, "nearest",
+                                           False, None, no_rng)
+    rows, stacked = ("rows", True, 448.0), ("stacked", False, 448.0)
+    torch.library.opcheck(torch.ops.fp4gen.grouped_gemm,
+                          (*qx[:3], *qw[:3], offsets, *rows, *stacked, torch.float32, torch.randn(3, 32)),
+                          test_utils=_OPCHECKS)
+    columns_dy, columns_x = ("columns", False, 448.0), ("columns", True, 448.0)
+    torch.library.opcheck(torch.ops.fp4gen.grouped_gemm,
+                          (*qdy[3:6], *qx[3:6], offsets, *columns_dy, *columns_x, torch.bfloat16),
+                          test_utils=_OPCHECKS)
+    torch.library.opcheck(torch.ops.fp4gen.grouped_gemm_accumulate,
+                          (torch.zeros(3, 32, 64), *qdy[3:6], *qx[3:6], offsets, *columns_dy, *columns_x),
+                          test_utils=_OPCHECKS)
