@@ -12,9 +12,9 @@
 //                    last. amax per (group, column) [E, K] (vector_amax) or per group [E]; with the Hadamard
 //                    transform, those of the transformed copy.
 //
-// Both passes work on 64 x 64 tiles of the padded row space (capacity rows): each 16-row block of a tile finds
-// its group by a binary search of padded_ends, then reads its rows of x (zeros past the group's end). The amax
-// pass accumulates the amaxes with atomicMax on |x|'s bit patterns (NaN > Inf > every finite value, so NaN
+// Both passes work on 64 x 64 tiles of the padded row space (capacity rows), a CTA on four consecutive tiles of
+// one column tile: each 16-row block finds its group by a binary search of padded_ends, then reads its rows of
+// x (zeros past the group's end). The amax pass accumulates the amaxes with atomicMax on |x|'s bit patterns (NaN > Inf > every finite value, so NaN
 // propagates), then the encode pass encodes the tile as the quantize_options kernels do (encode_options_tile),
 // through a layout that maps the tile to the grouped copies. Options are run-time arguments: one library per
 // input dtype and arch serves every grouped quantization (a few kernels, chosen at launch).
@@ -73,24 +73,72 @@ __device__ __forceinline__ GroupedBlock find_grouped_block(const GroupedQuantize
   return b;
 }
 
-// The tile's four blocks into shared memory (threads 0-3), then the tile's rows of x widened to fp32, zeros
-// for padding. Callers synchronize before reading either.
+// A CTA takes kGroupedTilesPerCta consecutive row tiles of one column tile, and loads the next tile's rows of x
+// into registers while it works on the current one (a CTA's barriers then no longer wait on DRAM's latency:
+// with one tile a CTA, both passes stalled mostly at barriers on the H200).
+constexpr int kGroupedTilesPerCta = 4;
+
+// The blocks of the CTA's tiles (one thread each, binary searches side by side). Callers synchronize before
+// reading them.
+__device__ __forceinline__ void find_cta_blocks(const GroupedQuantizeArgs& a, int64_t first_row,
+                                                GroupedBlock (&blocks)[kGroupedTilesPerCta][kOptTile / 16]) {
+  if (threadIdx.x < kGroupedTilesPerCta * (kOptTile / 16))
+    blocks[threadIdx.x / (kOptTile / 16)][threadIdx.x % (kOptTile / 16)] =
+        find_grouped_block(a, first_row + 16 * static_cast<int64_t>(threadIdx.x));
+}
+
+// One tile's rows of x in registers: this thread's 16-byte vectors (zeros for padding rows).
 template <class InT>
-__device__ __forceinline__ void stage_grouped_tile(const GroupedQuantizeArgs& a, int64_t row0, int64_t col0,
-                                                   GroupedBlock (&blocks)[kOptTile / 16], float (*tile)[kOptTile + 1]) {
-  if (threadIdx.x < kOptTile / 16) blocks[threadIdx.x] = find_grouped_block(a, row0 + 16 * threadIdx.x);
-  __syncthreads();
-  constexpr int kVec = Element<InT>::kPerVector, kVecsPerRow = kOptTile / kVec;
-  const InT* x = static_cast<const InT*>(a.x);
-  for (int i = threadIdx.x; i < kOptTile * kVecsPerRow; i += kOptThreads) {
-    const int r = i / kVecsPerRow, cv = i % kVecsPerRow;
-    const GroupedBlock& b = blocks[r / 16];
-    const int64_t col = col0 + cv * kVec;
-    const bool in = b.group >= 0 && r % 16 < b.valid && col < a.cols;
-    const uint4 vec = in ? *reinterpret_cast<const uint4*>(x + (b.source + r % 16) * a.x_row_stride + col)
-                         : make_uint4(0u, 0u, 0u, 0u);
+struct GroupedTileLoads {
+  static constexpr int kVec = Element<InT>::kPerVector, kVecsPerRow = kOptTile / kVec;
+  static constexpr int kPerThread = kOptTile * kVecsPerRow / kOptThreads;
+  uint4 vec[kPerThread];
+
+  __device__ __forceinline__ void load(const GroupedQuantizeArgs& a, const GroupedBlock (&blocks)[kOptTile / 16],
+                                       int64_t col0) {
+    const InT* x = static_cast<const InT*>(a.x);
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) tile[r][cv * kVec + e] = Element<InT>::word_element_to_float(&vec.x, e);
+    for (int j = 0; j < kPerThread; ++j) {
+      const int i = threadIdx.x + j * kOptThreads, r = i / kVecsPerRow, cv = i % kVecsPerRow;
+      const GroupedBlock& b = blocks[r / 16];
+      const int64_t col = col0 + cv * kVec;
+      const bool in = b.group >= 0 && r % 16 < b.valid && col < a.cols;
+      vec[j] = in ? *reinterpret_cast<const uint4*>(x + (b.source + r % 16) * a.x_row_stride + col)
+                  : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+
+  // widened to fp32 into the tile; callers synchronize before reading it
+  __device__ __forceinline__ void store(float (*tile)[kOptTile + 1]) const {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int i = threadIdx.x + j * kOptThreads, r = i / kVecsPerRow, cv = i % kVecsPerRow;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) tile[r][cv * kVec + e] = Element<InT>::word_element_to_float(&vec[j].x, e);
+    }
+  }
+};
+
+// Runs work(t, blocks of tile t) for each of the CTA's tiles with the tile staged in `tile` (synchronized), the
+// next tile's loads in flight, and a barrier after each tile's work.
+template <class InT, class Work>
+__device__ __forceinline__ void for_each_grouped_tile(const GroupedQuantizeArgs& a, float (*tile)[kOptTile + 1],
+                                                      GroupedBlock (&blocks)[kGroupedTilesPerCta][kOptTile / 16],
+                                                      Work work) {
+  const int64_t first_tile = int64_t{blockIdx.x} * kGroupedTilesPerCta, col0 = int64_t{blockIdx.y} * kOptTile;
+  const int64_t row_tiles = (a.capacity + kOptTile - 1) / kOptTile;
+  const int64_t left = row_tiles - first_tile;
+  const int tiles = left < kGroupedTilesPerCta ? static_cast<int>(left) : kGroupedTilesPerCta;
+  find_cta_blocks(a, first_tile * kOptTile, blocks);
+  __syncthreads();
+  GroupedTileLoads<InT> loads;
+  loads.load(a, blocks[0], col0);
+  for (int t = 0; t < tiles; ++t) {
+    loads.store(tile);
+    __syncthreads();
+    if (t + 1 < tiles) loads.load(a, blocks[t + 1], col0);
+    work(t, blocks[t]);
+    __syncthreads();
   }
 }
 
@@ -129,67 +177,100 @@ struct GroupedTileLayout {
 
 __device__ __forceinline__ uint32_t float_abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
 
+// Adds a tile's per-block maxima into the global amaxes, one atomicMax per run of consecutive blocks of one
+// group (usually one for the whole tile): `partial(b)` is block b's maximum, `address(group)` the group's amax.
+// Maxima are first combined in the CTA because every CTA of a group would otherwise hit the same few
+// addresses once per warp, and same-address atomics serialize in L2.
+template <class Partial, class Address>
+__device__ __forceinline__ void flush_group_maxima(const GroupedBlock (&blocks)[kOptTile / 16], Partial partial,
+                                                   Address address) {
+  uint32_t run = 0;
+  for (int b = 0; b < kOptTile / 16; ++b) {
+    if (blocks[b].group < 0) continue;
+    run = max(run, partial(b));
+    const bool last_of_run = b + 1 == kOptTile / 16 || blocks[b + 1].group != blocks[b].group;
+    if (last_of_run) atomicMax(reinterpret_cast<unsigned int*>(address(blocks[b].group)), run), run = 0;
+  }
+}
+
 // The amax pass: row amaxes (of x) into row_amax, column amaxes (of the transformed copy with the transform)
 // into col_amax, each null when not wanted. Both are zeroed before this runs.
 template <class InT>
 __global__ void __launch_bounds__(kOptThreads) grouped_amax_kernel(const GroupedQuantizeArgs a) {
   __shared__ float tile[kOptTile][kOptTile + 1];
-  __shared__ GroupedBlock blocks[kOptTile / 16];
-  const int64_t row0 = int64_t{blockIdx.x} * kOptTile, col0 = int64_t{blockIdx.y} * kOptTile;
-  stage_grouped_tile<InT>(a, row0, col0, blocks, tile);
-  __syncthreads();
-  const int lane = threadIdx.x % 32;
-  if (a.row_amax != nullptr) {  // four threads a row, 16 columns each; a warp's 8 rows lie in one block
-    const int r = threadIdx.x / 4, part = threadIdx.x % 4;
-    const GroupedBlock& b = blocks[r / 16];
-    uint32_t bits = 0;
+  __shared__ GroupedBlock blocks[kGroupedTilesPerCta][kOptTile / 16];
+  __shared__ uint32_t warp_row_max[kOptThreads / 32];          // per-group row amaxes: each warp's 8 rows
+  __shared__ uint32_t block_col_max[kOptTile / 16][kOptTile];  // column amaxes: each block's, per column
+  const int64_t col0 = int64_t{blockIdx.y} * kOptTile;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for_each_grouped_tile<InT>(a, tile, blocks, [&](int, const GroupedBlock(&tile_blocks)[kOptTile / 16]) {
+    if (a.row_amax != nullptr) {  // four threads a row, 16 columns each; a warp's 8 rows lie in one block
+      const int r = threadIdx.x / 4, part = threadIdx.x % 4;
+      const GroupedBlock& b = tile_blocks[r / 16];
+      uint32_t bits = 0;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) bits = max(bits, float_abs_bits(tile[r][16 * part + k]));
-    bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, 1));
-    bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, 2));
-    const bool row_in = b.group >= 0 && r % 16 < b.valid;
-    if (a.vector_amax) {
-      if (part == 0 && row_in) atomicMax(reinterpret_cast<unsigned int*>(a.row_amax + b.source + r % 16), bits);
-    } else {
-      bits = row_in ? bits : 0u;
+      for (int k = 0; k < 16; ++k) bits = max(bits, float_abs_bits(tile[r][16 * part + k]));
+      bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, 1));
+      bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, 2));
+      const bool row_in = b.group >= 0 && r % 16 < b.valid;
+      if (a.vector_amax) {
+        if (part == 0 && row_in) atomicMax(reinterpret_cast<unsigned int*>(a.row_amax + b.source + r % 16), bits);
+      } else {
+        bits = row_in ? bits : 0u;
 #pragma unroll
-      for (int offset = 4; offset < 32; offset *= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
-      if (lane == 0 && b.group >= 0) atomicMax(reinterpret_cast<unsigned int*>(a.row_amax + b.group), bits);
+        for (int offset = 4; offset < 32; offset *= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+        if (lane == 0) warp_row_max[warp] = bits;
+      }
     }
-  }
-  if (a.col_amax != nullptr) {  // one 16-row block of one column a thread; a warp's 32 threads share the block
-    const int c = threadIdx.x % kOptTile, g = threadIdx.x / kOptTile;
-    const GroupedBlock& b = blocks[g];
-    float v[16];
+    if (a.col_amax != nullptr) {  // one 16-row block of one column a thread; a warp's 32 threads share the block
+      const int c = threadIdx.x % kOptTile, g = threadIdx.x / kOptTile;
+      float v[16];
 #pragma unroll
-    for (int k = 0; k < 16; ++k) v[k] = tile[16 * g + k][c];
-    if (a.hadamard) hadamard16_to_bf16(v);
-    uint32_t bits = 0;
+      for (int k = 0; k < 16; ++k) v[k] = tile[16 * g + k][c];
+      if (a.hadamard) hadamard16_to_bf16(v);
+      uint32_t bits = 0;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) bits = max(bits, float_abs_bits(v[k]));
-    if (a.vector_amax) {
-      if (b.group >= 0 && col0 + c < a.cols)
-        atomicMax(reinterpret_cast<unsigned int*>(a.col_amax + b.group * a.cols + col0 + c), bits);
-    } else {
-#pragma unroll
-      for (int offset = 1; offset < 32; offset *= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
-      if (lane == 0 && b.group >= 0) atomicMax(reinterpret_cast<unsigned int*>(a.col_amax + b.group), bits);
+      for (int k = 0; k < 16; ++k) bits = max(bits, float_abs_bits(v[k]));
+      block_col_max[g][c] = col0 + c < a.cols ? bits : 0u;
     }
-  }
+    __syncthreads();
+    if (a.row_amax != nullptr && !a.vector_amax && threadIdx.x == 0)
+      flush_group_maxima(tile_blocks, [&](int b) { return max(warp_row_max[2 * b], warp_row_max[2 * b + 1]); },
+                         [&](int group) { return a.row_amax + group; });
+    if (a.col_amax != nullptr) {
+      if (a.vector_amax) {  // a thread a column
+        const int c = threadIdx.x;
+        if (c < kOptTile && col0 + c < a.cols)
+          flush_group_maxima(tile_blocks, [&](int b) { return block_col_max[b][c]; },
+                             [&](int group) { return a.col_amax + group * a.cols + col0 + c; });
+      } else if (threadIdx.x < 32) {  // a warp: each block's maximum over the columns, then the flush
+        uint32_t m[kOptTile / 16];
+#pragma unroll
+        for (int b = 0; b < kOptTile / 16; ++b) {
+          m[b] = max(block_col_max[b][lane], block_col_max[b][lane + 32]);
+#pragma unroll
+          for (int offset = 16; offset > 0; offset /= 2) m[b] = max(m[b], __shfl_xor_sync(0xFFFFFFFFu, m[b], offset));
+        }
+        if (lane == 0)
+          flush_group_maxima(tile_blocks, [&](int b) { return m[b]; }, [&](int group) { return a.col_amax + group; });
+      }
+    }
+  });
 }
 
 template <class InT, bool kStochastic, bool kHadamard, bool kFourOverSix, bool kHardwareCvt>
 __global__ void __launch_bounds__(kOptThreads) grouped_encode_kernel(const GroupedQuantizeArgs a) {
   __shared__ OptionsTile s;
-  __shared__ GroupedBlock blocks[kOptTile / 16];
-  const int64_t row0 = int64_t{blockIdx.x} * kOptTile, col0 = int64_t{blockIdx.y} * kOptTile;
-  stage_grouped_tile<InT>(a, row0, col0, blocks, s.tile);
-  __syncthreads();
+  __shared__ GroupedBlock blocks[kGroupedTilesPerCta][kOptTile / 16];
   uint64_t seed = 0, offset = 0;
   if constexpr (kStochastic) seed = static_cast<uint64_t>(a.rng_state[0]), offset = static_cast<uint64_t>(a.rng_state[1]);
-  const GroupedTileLayout layout{&a, blocks, row0, col0, a.row_data, a.row_scale, a.col_data, a.col_scale};
-  encode_options_tile<kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset, a.block_2d,
-                                                                         a.four_over_six == 2);
+  const int64_t first_row = int64_t{blockIdx.x} * kGroupedTilesPerCta * kOptTile, col0 = int64_t{blockIdx.y} * kOptTile;
+  for_each_grouped_tile<InT>(a, s.tile, blocks, [&](int t, const GroupedBlock(&tile_blocks)[kOptTile / 16]) {
+    const GroupedTileLayout layout{&a, tile_blocks, first_row + t * kOptTile, col0, a.row_data, a.row_scale,
+                                   a.col_data, a.col_scale};
+    encode_options_tile<kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset, a.block_2d,
+                                                                           a.four_over_six == 2);
+  });
 }
 
 inline GroupedQuantizeArgs grouped_quantize_args(
@@ -258,7 +339,8 @@ int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int6
       cudaMemsetAsync(a.col_amax, 0, sizeof(float) * (vector_amax ? groups * cols : groups), stream) != cudaSuccess)
     return launch_status();
   if (capacity == 0 || cols == 0) return kOk;
-  const dim3 grid(static_cast<unsigned>((capacity + kOptTile - 1) / kOptTile),
+  const int64_t row_tiles = (capacity + kOptTile - 1) / kOptTile;
+  const dim3 grid(static_cast<unsigned>((row_tiles + kGroupedTilesPerCta - 1) / kGroupedTilesPerCta),
                   static_cast<unsigned>((cols + kOptTile - 1) / kOptTile));
   grouped_amax_kernel<InT><<<grid, kOptThreads, 0, stream>>>(a);
   if (const int launched = launch_status(); launched != kOk) return launched;
