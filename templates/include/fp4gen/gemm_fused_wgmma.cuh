@@ -123,39 +123,50 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t
   if (col + 1 < p.n) fused_gemm::store_epilogue<OutT>(p, row, col + 1, acc1);
 }
 
-// A's block-scaled values as fp16 (each times 2^-14, decode8's order within 16-byte chunks), row-major,
-// k * 2 bytes a row: every CTA of a tile row would otherwise dequantize the same A tile again (N / BN times).
-__global__ void __launch_bounds__(256) dequantize_a_kernel(const Params p, uint8_t* a_half) {
-  const int64_t blocks_per_row = p.k / 16, blocks = p.m * blocks_per_row;
+// An operand's block-scaled values as fp16 (each times 2^-14, decode8's order within 16-byte chunks),
+// row-major, k * 2 bytes a row: A's for every GEMM of the family (every CTA of a tile row would otherwise
+// dequantize the same A tile again, N / BN times), and B's where the grouped kernel reads both as fp16.
+__global__ void __launch_bounds__(256) dequantize_rows_kernel(const uint8_t* codes, const uint8_t* scales,
+                                                              int64_t ld, int64_t ld_scale, int64_t rows, int64_t k,
+                                                              uint8_t* half) {
+  const int64_t blocks_per_row = k / 16, blocks = rows * blocks_per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < blocks;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / blocks_per_row, block = i - row * blocks_per_row;
     uint4 first, second;
-    fused_gemm::dequantize_block(*reinterpret_cast<const uint2*>(p.a_codes + row * p.lda + block * 8),
-                                 p.a_scale[row * p.lda_scale + block], first, second);
-    uint4* const out = reinterpret_cast<uint4*>(a_half + row * p.k * 2 + block * 32);
+    fused_gemm::dequantize_block(*reinterpret_cast<const uint2*>(codes + row * ld + block * 8),
+                                 scales[row * ld_scale + block], first, second);
+    uint4* const out = reinterpret_cast<uint4*>(half + row * k * 2 + block * 32);
     out[0] = first, out[1] = second;
   }
 }
 
-// Copies k-tiles of A's fp16 rows m0 .. m0 + BM - 1 into a slot in the swizzled layout wgmma reads; rows
-// past M are zero-filled. A thread copies the same rows and 16-byte chunk in every k-tile, and the k-tiles
-// go in order: load_next moves the addresses one k-tile on.
-template <int BM, int kThreads>
+// Launches dequantize_rows_kernel over rows x k on `stream`.
+inline void dequantize_rows(const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale, int64_t rows,
+                            int64_t k, uint8_t* half, cudaStream_t stream) {
+  const int64_t blocks = rows * (k / 16);
+  dequantize_rows_kernel<<<static_cast<unsigned>(std::min<int64_t>((blocks + 255) / 256, 8192)), 256, 0, stream>>>(
+      codes, scales, ld, ld_scale, rows, k, half);
+}
+
+// Copies k-tiles of an fp16 operand's rows r0 .. r0 + kRows - 1 (of `rows`, each k elements) into a slot in the
+// swizzled layout wgmma reads; rows past `rows` are zero-filled. A thread copies the same rows and 16-byte chunk
+// in every k-tile, and the k-tiles go in order: load_next moves the addresses one k-tile on.
+template <int kRows, int kThreads>
 struct HalfTileLoader {
   static_assert(kThreads % 64 == 0, "a thread's rows keep their residue modulo 8, hence their swizzle");
-  static constexpr int kCopies = BM * 8 / kThreads;
+  static constexpr int kCopies = kRows * 8 / kThreads;
   const uint8_t* src[kCopies];
   bool valid[kCopies];
   uint32_t dst[kCopies];
 
-  __device__ __forceinline__ HalfTileLoader(const Params& p, const uint8_t* a_half, int64_t m0, int k_first,
+  __device__ __forceinline__ HalfTileLoader(const uint8_t* half, int64_t rows, int64_t k, int64_t r0, int k_first,
                                             int tid) {
 #pragma unroll
     for (int j = 0; j < kCopies; ++j) {
       const int row = (tid + j * kThreads) >> 3, chunk = tid & 7;
-      valid[j] = m0 + row < p.m;
-      src[j] = (valid[j] ? a_half + (m0 + row) * p.k * 2 : a_half) + static_cast<int64_t>(k_first) * kHalfRowBytes +
+      valid[j] = r0 + row < rows;
+      src[j] = (valid[j] ? half + (r0 + row) * k * 2 : half) + static_cast<int64_t>(k_first) * kHalfRowBytes +
                chunk * 16;  // a zero-filled copy's address stays inside row 0: it is never read
       dst[j] = fused_gemm::half_tile_offset(row, chunk);
     }
@@ -169,6 +180,34 @@ struct HalfTileLoader {
     }
   }
 };
+
+// The accumulator of m64nBNk16 to D through the epilogue (or to `partials` with split K): for value i of a
+// thread, row 16 * warp + lane / 4 + 8 * (i / 2 % 2) of its warp group's 64 and column 8 * (i / 4) +
+// 2 * (lane % 4) + i % 2 (pairs of adjacent columns).
+template <int BN, class OutT>
+__device__ __forceinline__ void store_accumulators(const Params& p, const float (&acc)[BN / 2], int64_t m0, int64_t n0,
+                                                   float* partials) {
+  const int lane = threadIdx.x & 31, warp_group = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = m0 + warp_group * 64 + warp * 16 + (lane >> 2) + half * 8;
+    if (row >= p.m) continue;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int64_t col = n0 + j * 8 + (lane & 3) * 2;
+      if (col >= p.n) continue;
+      // the fp16 operands each carry 2^-14 (fused_gemm::decode8): exact power-of-two unscaling
+      const float v0 = acc[4 * j + 2 * half] * fused_gemm::kAccumulatorUnscale;
+      const float v1 = acc[4 * j + 2 * half + 1] * fused_gemm::kAccumulatorUnscale;
+      if (p.split_k == 1) {
+        store_pair<OutT>(p, row, col, v0, v1);
+      } else {
+        partials[row * p.n + col] = v0;
+        if (col + 1 < p.n) partials[row * p.n + col + 1] = v1;
+      }
+    }
+  }
+}
 
 // One CTA's output tile: rows m0 .. m0 + BM - 1 (those below p.m) and columns n0 .. n0 + BN - 1 of D, over
 // k-tiles k_first .. k_first + k_tiles - 1; with p.split_k > 1 the sums go to `partials` ([m, n]) instead
@@ -186,11 +225,11 @@ __device__ __forceinline__ void gemm_tile(const Params& p, const uint8_t* a_half
   uint8_t* const halves = a_slots + T::kASlots * T::kASlotBytes;  // B's fp16 tiles
   uint8_t* const stages = halves + T::kBuffers * T::kHalfBytes;   // kStages x [codes BN x 32 | scales BN x 4]
 
-  const int tid = threadIdx.x, lane = tid & 31, warp_group = tid >> 7, warp = (tid >> 5) & 3;
+  const int tid = threadIdx.x, warp_group = tid >> 7;
 
   // B's rows only (a loader over zero rows of A)
   fused_gemm::PackedTileLoader<0, BN, kThreads> b_loader(p, m0, n0, k_first, tid);
-  HalfTileLoader<BM, kThreads> a_loader(p, a_half, m0, k_first, tid);
+  HalfTileLoader<BM, kThreads> a_loader(a_half, p.m, p.k, m0, k_first, tid);
   // k-tiles are staged in order, each once: B's codes and scales into a stage, A's rows into an A slot
   auto stage_k_tile = [&](int stage, int a_slot) {
     b_loader.load_next(stages + stage * T::kStageBytes, tid);
@@ -255,27 +294,7 @@ __device__ __forceinline__ void gemm_tile(const Params& p, const uint8_t* a_half
     stage_write = next(stage_write, kStages), stage_dequantize = next(stage_dequantize, kStages);
   }
 
-  // The accumulator of m64nBNk16: for value i of a thread, row 16 * warp + lane / 4 + 8 * (i / 2 % 2) and
-  // column 8 * (i / 4) + 2 * (lane % 4) + i % 2 (pairs of adjacent columns).
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t row = m0 + warp_group * 64 + warp * 16 + (lane >> 2) + half * 8;
-    if (row >= p.m) continue;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int64_t col = n0 + j * 8 + (lane & 3) * 2;
-      if (col >= p.n) continue;
-      // the fp16 operands each carry 2^-14 (fused_gemm::decode8): exact power-of-two unscaling
-      const float v0 = acc[4 * j + 2 * half] * fused_gemm::kAccumulatorUnscale;
-      const float v1 = acc[4 * j + 2 * half + 1] * fused_gemm::kAccumulatorUnscale;
-      if (p.split_k == 1) {
-        store_pair<OutT>(p, row, col, v0, v1);
-      } else {
-        partials[row * p.n + col] = v0;
-        if (col + 1 < p.n) partials[row * p.n + col + 1] = v1;
-      }
-    }
-  }
+  store_accumulators<BN, OutT>(p, acc, m0, n0, partials);
 }
 
 template <int BM, int BN, int kCtas, class OutT>
@@ -319,9 +338,7 @@ int fused_wgmma_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   if (const int opted = opt_in_shared_bytes_here<kKernel>(T::kSmemBytes); opted != kOk) return opted;
   const fused_gemm::Params params = fused_gemm::make_params(FP4GEN_FUSED_GEMM_ARGS);
   uint8_t* const a_half = static_cast<uint8_t*>(workspace) + fused_wgmma::half_a_offset(FP4GEN_FUSED_GEMM_ARGS);
-  const int64_t a_blocks = m * (k / 16);
-  fused_wgmma::dequantize_a_kernel<<<static_cast<unsigned>(std::min<int64_t>((a_blocks + 255) / 256, 8192)), 256,
-                                     0, stream>>>(params, a_half);
+  fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
                   static_cast<unsigned>(split_k));
   kKernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(params, a_half);
