@@ -221,6 +221,11 @@ class GroupedNVFP4Data:
         for name in ("scale", "amax"):
             if getattr(self, name).device != data.device:
                 raise ValueError(f"{name} is on {getattr(self, name).device} but data is on {data.device}")
+        for name, t in (("data", data), ("scale", scale)):
+            if t.shape[-1] > 1 and t.stride(-1) != 1:
+                raise ValueError(f"{name} has strides {tuple(t.stride())}; its last dimension must be contiguous")
+        if self.layout == "stacked" and not (data.is_contiguous() and scale.is_contiguous()):
+            raise ValueError("a 'stacked' copy's data and scale must be contiguous (one group's matrix after another)")
         if self.e4m3_max not in E4M3_MAX_VALUES:
             raise ValueError(f"e4m3_max={self.e4m3_max!r}; it must be 448 (standard) or 256 (4over6)")
         object.__setattr__(self, "e4m3_max", float(self.e4m3_max))

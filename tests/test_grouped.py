@@ -316,3 +316,19 @@ def test_grouped_gemm_custom_ops_pass_opcheck():
     torch.library.opcheck(torch.ops.fp4gen.grouped_gemm_accumulate,
                           (torch.zeros(3, 32, 64), *qdy[3:6], *qx[3:6], offsets, *columns_dy, *columns_x),
                           test_utils=_OPCHECKS)
+
+
+def test_grouped_data_checks_what_it_is_given():
+    g = fp4gen.quantize_grouped(torch.randn(3, 32, 64), None, scaling="tensor")
+    row = g.rowwise
+    with pytest.raises(ValueError, match="amax has shape"):
+        fp4gen.GroupedNVFP4Data(row.data, row.scale, torch.zeros(5), "stacked", False)
+    with pytest.raises(ValueError, match="layout='rowz'"):
+        fp4gen.GroupedNVFP4Data(row.data, row.scale, row.amax, "rowz", False)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        fp4gen.GroupedNVFP4Data(row.data.transpose(0, 1).contiguous().transpose(0, 1), row.scale, row.amax,
+                                "stacked", False)
+    with pytest.raises(TypeError, match="offsets must be a torch.Tensor"):  # a "rows" copy locates its groups
+        fp4gen.GroupedNVFP4Data(row.data[0], row.scale[0], row.amax, "rows", False)
+    copy = fp4gen.GroupedNVFP4Data(row.data, row.scale, row.amax, "stacked", False)
+    assert copy.groups == 3 and torch.equal(copy.group(1).data, row.data[1])
