@@ -247,6 +247,11 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out: torch.Tensor |
     d = (acc * bilateral_scale(b).reshape(1, -1)) * bilateral_scale(a).reshape(-1, 1)
     if bias is not None:
         d = d + bias.to(device=d.device, dtype=torch.float32).reshape(1, -1)
+    return finish_gemm(d, out_dtype, out, accumulate)
+
+
+def finish_gemm(d: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None, accumulate: bool) -> torch.Tensor:
+    """The fp32 result d (+ out when accumulating), rounded once to out_dtype, written into `out` if given."""
     if accumulate:
         d = d + out.float()
     d = d.to(out_dtype)

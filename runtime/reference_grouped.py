@@ -125,13 +125,7 @@ def grouped_gemm(a: GroupedNVFP4Data, b: GroupedNVFP4Data, offsets: torch.Tensor
             d[g] = part
         else:
             d[(ends[g - 1] if g else 0):ends[g]] = part
-    if accumulate:
-        d = d + out.float()
-    d = d.to(out_dtype)
-    if out is None:
-        return d
-    out.copy_(d)
-    return out
+    return reference.finish_gemm(d, out_dtype, out, accumulate)
 
 
 def _with_padded_offsets(copy: GroupedNVFP4Data, padded: torch.Tensor) -> GroupedNVFP4Data:
