@@ -1,5 +1,6 @@
 """Data-parallel training with fp4gen.nn.Linear on two GPUs of one host (DDP, and FSDP2 where this PyTorch
-has it), against a single-GPU run on the same global batch. Skipped with fewer than two CUDA devices.
+has it), and with fp4gen.nn.GroupedLinear experts under FSDP2, against a single-GPU run on the same global
+batch. Skipped with fewer than two CUDA devices.
 
 Run: `python -m pytest tests/gpu/test_distributed.py` on a machine with two or more GPUs. Each test
 spawns one process per GPU (NCCL; NVLink multicast off, see README)."""
@@ -27,8 +28,28 @@ except ImportError:  # PyTorch before FSDP2
     fully_shard = None
 
 
-def make_model(device):
+class Experts(torch.nn.Module):
+    """Four experts (one GroupedLinear, 256 -> 64), each token routed by its own first feature (so a token meets
+    the same expert whichever rank holds it; expert 1 gets none): tokens are sorted by expert, the grouped
+    layer runs, and the outputs go back to the tokens' order."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.experts = fp4gen.nn.GroupedLinear(4, 256, 64, device=device, dtype=torch.bfloat16)
+
+    def forward(self, x):
+        feature = x[:, 0].float()
+        expert = torch.where(feature > 0.5, 3, torch.where(feature > -0.5, 2, 0))
+        order = torch.argsort(expert, stable=True)
+        counts = torch.zeros(4, dtype=torch.int64, device=x.device).scatter_add_(0, expert, torch.ones_like(expert))
+        y_sorted = self.experts(x[order], counts.cumsum(0))
+        return torch.empty_like(y_sorted).index_copy(0, order, y_sorted)
+
+
+def make_model(device, kind="linear"):
     torch.manual_seed(0)
+    if kind == "experts":
+        return Experts(device)
     return torch.nn.Sequential(
         fp4gen.nn.Linear(256, 512, device=device, dtype=torch.bfloat16), torch.nn.GELU(),
         fp4gen.nn.Linear(512, 256, device=device, dtype=torch.bfloat16), torch.nn.GELU(),
@@ -65,18 +86,18 @@ def train(model, rank, world):
     return losses
 
 
-def worker(rank, mode, rdzv, out_dir):
+def worker(rank, mode, rdzv, out_dir, kind="linear"):
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (see the device notes in the README)
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{rdzv}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=120))
     try:
-        model = make_model("cuda")
+        model = make_model("cuda", kind)
         if mode == "ddp":
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
         else:
-            for layer in model:
-                if isinstance(layer, fp4gen.nn.Linear):
+            for layer in model.modules():
+                if isinstance(layer, (fp4gen.nn.Linear, fp4gen.nn.GroupedLinear)):
                     fully_shard(layer)
             fully_shard(model)
         losses = train(model, rank, WORLD)
@@ -88,8 +109,8 @@ def worker(rank, mode, rdzv, out_dir):
         dist.destroy_process_group()
 
 
-def run_data_parallel(mode, tmp_path):
-    mp.spawn(worker, args=(mode, str(tmp_path / "rdzv"), str(tmp_path)), nprocs=WORLD, join=True)
+def run_data_parallel(mode, tmp_path, kind="linear"):
+    mp.spawn(worker, args=(mode, str(tmp_path / "rdzv"), str(tmp_path), kind), nprocs=WORLD, join=True)
     return [torch.load(tmp_path / f"{mode}_rank{r}.pt") for r in range(WORLD)]
 
 
@@ -97,6 +118,12 @@ def run_data_parallel(mode, tmp_path):
 def single_gpu_losses():
     with torch.cuda.device(0):
         return train(make_model("cuda"), rank=0, world=1)
+
+
+@pytest.fixture(scope="module")
+def single_gpu_expert_losses():
+    with torch.cuda.device(0):
+        return train(make_model("cuda", "experts"), rank=0, world=1)
 
 
 def assert_losses_match(parallel, single):
@@ -123,3 +150,12 @@ def test_fsdp2_matches_single_gpu(tmp_path, single_gpu_losses):
     ranks = run_data_parallel("fsdp2", tmp_path)
     assert ranks[0]["losses"] == ranks[1]["losses"]
     assert_losses_match(ranks[0]["losses"], single_gpu_losses)
+
+
+@pytest.mark.skipif(fully_shard is None, reason="this PyTorch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
+def test_fsdp2_grouped_linear_matches_single_gpu(tmp_path, single_gpu_expert_losses):
+    """The [E, out, in] expert weight sharded along its experts; the quantized weight must follow each
+    unshard after an optimizer step (the cache's optimizer-step key), or the loss would stall."""
+    ranks = run_data_parallel("fsdp2", tmp_path, "experts")
+    assert ranks[0]["losses"] == ranks[1]["losses"]
+    assert_losses_match(ranks[0]["losses"], single_gpu_expert_losses)
