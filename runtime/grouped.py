@@ -194,7 +194,8 @@ def grouped_gemm(a: GroupedNVFP4Data, b: GroupedNVFP4Data, offsets=None, out_dty
         raise ValueError("accumulate=True adds into `out`, but out is None; pass the tensor to add into")
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     if out_dtype not in api.GEMM_OUT_DTYPES:
-        raise TypeError(f"out_dtype is {out_dtype}; fp4gen.grouped_gemm produces {api.dtype_names(api.GEMM_OUT_DTYPES)}")
+        raise TypeError(f"out_dtype is {out_dtype}; fp4gen.grouped_gemm produces "
+                        f"{api.dtype_names(api.GEMM_OUT_DTYPES)}")
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
             raise TypeError("bias must be a floating-point tensor [E, N] or None")

@@ -1,5 +1,5 @@
 """fp4gen.nn.GroupedLinear: the experts of a mixture-of-experts layer, one [E, out, in] weight, whose fprop,
-dgrad and wgrad run as grouped NVFP4 GEMMs (one launch each) over tokens sorted by expert:
+dgrad and wgrad run as grouped NVFP4 GEMMs (one GEMM launch each) over tokens sorted by expert:
 
     fprop  Y_g  = X_g W_gᵀ   X rowwise ("rows", per token or per expert)  x  W rowwise (stacked, per expert)
     dgrad  dX_g = dY_g W_g   dY rowwise                                   x  W columnwise (stacked)
@@ -20,6 +20,7 @@ from .formats import BLOCK
 from .grouped import group_offsets
 from .recipe import Recipe
 from .rng import RNGState
+
 
 def _meta(layout: str, row_scaled: bool, four_over_six) -> tuple:
     """A grouped copy's static facts (grouped_torch_ops.Meta) as the recipe fixes them."""

@@ -3,10 +3,10 @@ over groups on the host (it reads the offsets, which the CUDA backend never does
 
 What a group's copies are, stated here in the order the CUDA kernels reproduce byte for byte:
   rowwise    the group's rows encoded under their own amax (per row) or under the group's amax;
-  columnwise the group's rows padded with zero rows to a multiple of 64 (grouped.GROUP_PAD), transposed (and transformed by the
-             Hadamard transform when asked), encoded under per-column amaxes of that padded copy or its one
-             amax; written at the group's padded columns of the [K, capacity] copy, or as its own [K, N]
-             matrix for stacked weights;
+  columnwise the group's rows padded with zero rows to a multiple of 64 (grouped.GROUP_PAD), transposed
+             (and transformed by the Hadamard transform when asked), encoded under per-column amaxes of
+             that padded copy or its one amax; written at the group's padded columns of the [K, capacity]
+             copy, or as its own [K, N] matrix for stacked weights;
   16x16      per group (stacked weights only), as the dense 16x16 quantization of its [N, K] slice.
 Stochastic rounding draws each copy's bytes for the whole grouped copy (rowwise [T, K] at the state's offset,
 columnwise at offset + 1, over the copy's storage shape), so a block's bits follow from its stored position.

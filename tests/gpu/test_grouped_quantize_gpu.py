@@ -88,7 +88,8 @@ def test_wide_rows_and_many_groups():
 @pytest.mark.parametrize("scaling,block", [("tensor", (16, 16)), ("tensor", (1, 16)), ("row", (1, 16))])
 def test_stacked_weights_equal_reference(option, scaling, block):
     torch.manual_seed(3)
-    w = torch.randn(5, 48, 208, device="cuda", dtype=torch.bfloat16) * torch.linspace(0.1, 8, 5, device="cuda").view(5, 1, 1)
+    scales = torch.linspace(0.1, 8, 5, device="cuda").view(5, 1, 1)
+    w = torch.randn(5, 48, 208, device="cuda", dtype=torch.bfloat16) * scales
     got = assert_same_as_reference(w, None, scaling=scaling, block=block, **OPTIONS[option])
     assert got.rowwise.data.shape == (5, 48, 104) and got.columnwise.data.shape == (5, 208, 24)
 
