@@ -68,3 +68,26 @@ def test_every_gemm_variant_on_the_other_device(current, target):
             assert torch.equal(results[current], results[target]), (m, k, out_dtype)
     declared = {name for name, k in load_manifest()["kernels"].items() if k["op"] == "gemm" and k["arch"] == "sm90a"}
     assert chosen == declared
+
+
+@pytest.mark.parametrize("current,target", [(0, 1), (1, 0)])
+def test_grouped_linear_step_on_the_other_device(current, target):
+    """quantize_grouped, the three grouped GEMMs and their prepasses through a GroupedLinear step, with the
+    tensors on `target` while `current` stays the current device: the same results as on `current`."""
+    torch.manual_seed(0)
+    x_cpu = torch.randn(200, 128).bfloat16()
+    dy_cpu = torch.randn(200, 64).bfloat16()
+    ends = [30, 30, 150, 200]
+    results = {}
+    for dev in (current, target):
+        with torch.cuda.device(current):
+            torch.manual_seed(1)
+            layer = fp4gen.nn.GroupedLinear(4, 128, 64, bias=True, device=f"cuda:{dev}", dtype=torch.bfloat16)
+            x = x_cpu.to(f"cuda:{dev}").requires_grad_(True)
+            y = layer(x, torch.tensor(ends, device=f"cuda:{dev}"))
+            y.backward(dy_cpu.to(f"cuda:{dev}"))
+            assert torch.cuda.current_device() == current and y.device == torch.device(f"cuda:{dev}")
+            torch.cuda.synchronize(dev)
+            results[dev] = (y.cpu(), x.grad.cpu(), layer.weight.grad.cpu())
+    for a, b in zip(results[current], results[target]):
+        assert torch.equal(a, b)
