@@ -22,6 +22,19 @@ def group_ends(sizes) -> list:
     return ends
 
 
+def run_without_host_sync(fn) -> None:
+    """Runs fn() once warm (a first call, which may load kernels or create state), then again with PyTorch's
+    sync debug mode set to raise on any synchronizing operation."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
 def golden_cases():
     """Every golden case; `rht` cases quantize their columnwise copy with hadamard=True."""
     return json.loads((GOLDEN_DIR / "index.json").read_text())

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fp4gen
-from conftest import group_ends
+from conftest import group_ends, run_without_host_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -140,13 +140,7 @@ def test_no_host_synchronization_and_graph_replay_under_new_routing():
                 fp4gen.grouped_gemm(gdy.rowwise, gw.columnwise, offsets),
                 fp4gen.grouped_gemm(gdy.columnwise, gx.columnwise, offsets, out_dtype=torch.float32))
 
-    step()  # load the kernels
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    run_without_host_sync(step)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fp4gen
-from conftest import group_ends
+from conftest import group_ends, run_without_host_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -63,13 +63,7 @@ def test_step_without_sync_and_graph_replay_under_new_routing():
         y.backward(dy)
         return y
 
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    run_without_host_sync(step)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up on the capture stream

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fp4gen
-from conftest import group_ends as _ends
+from conftest import group_ends as _ends, run_without_host_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -120,16 +120,8 @@ def test_no_host_synchronization():
     ends = torch.tensor(_ends([5, 0, 40, 19]), device="cuda")
     x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
     calls = ({}, dict(hadamard=True, rounding="stochastic"), dict(scaling="tensor", four_over_six="mae"))
-    for kwargs in calls:  # first calls load the kernels and create the device's default RNGState (a copy)
-        fp4gen.quantize_grouped(x, ends, **kwargs)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for kwargs in calls:
-            fp4gen.quantize_grouped(x, ends, **kwargs)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
+    # the warm call loads the kernels and creates the device's default RNGState (a copy)
+    run_without_host_sync(lambda: [fp4gen.quantize_grouped(x, ends, **kwargs) for kwargs in calls])
 
 
 def test_graph_replay_follows_new_offsets():
