@@ -105,6 +105,31 @@ _PLAIN_DEFAULTS = (("hadamard", "none"), ("rounding", "nearest"))
 _RNG_STATE_PARAM = Param("rng_state", "const int64_t*")
 
 
+# The C ABI of the grouped GEMM families (one call for either grouping).
+_GROUPED_GEMM_PARAMS = (
+    Param("a_codes", "const uint8_t*"),  # [M, K/2], row stride lda bytes
+    Param("a_scale", "const uint8_t*"),
+    Param("b_codes", "const uint8_t*"),  # [N, K/2] (a group's, b_group_stride bytes apart)
+    Param("b_scale", "const uint8_t*"),
+    *_GEMM_EPILOGUE_PARAMS,
+    Param("lda", "int64_t"),  # bytes
+    Param("lda_scale", "int64_t"),
+    Param("ldb", "int64_t"),
+    Param("ldb_scale", "int64_t"),
+    *_GEMM_OUTPUT_PARAMS[:-1],
+    Param("offsets", "const int64_t*"),  # [groups] cumulative ends along M (rows) or K (elements)
+    Param("groups", "int64_t"),
+    Param("along_k", "int64_t"),  # 1: groups along K (one [M, N] output a group); 0: along M
+    Param("b_group_stride", "int64_t"),  # bytes from one group's B codes to the next (along M)
+    Param("b_scale_group_stride", "int64_t"),
+    Param("c_group_stride", "int64_t"),  # elements from one group's C / D to the next (along K)
+    Param("d_group_stride", "int64_t"),
+    Param("row_amax_group_stride", "int64_t"),  # elements from one group's row amaxes to the next
+    Param("col_amax_group_stride", "int64_t"),
+    Param("bias_group_stride", "int64_t"),
+    _GEMM_OUTPUT_PARAMS[-1],  # the workspace
+)
+
 def _stochastic_needs_16bit_1x16(values, facts):
     return facts["stochastic"] and (values["in_dtype"] == "fp32" or values.get("block", "1x16") != "1x16")
 
@@ -419,31 +444,31 @@ FAMILIES = {
             "packed_tile": TileTokens(tables.WGMMA_FUSED_GEMM_TILES),
             "arch": {"sm90a": "sm90a"},
         },
-        params=(
-            Param("a_codes", "const uint8_t*"),  # [M, K/2], row stride lda bytes
-            Param("a_scale", "const uint8_t*"),
-            Param("b_codes", "const uint8_t*"),  # [N, K/2] (a group's, b_group_stride bytes apart)
-            Param("b_scale", "const uint8_t*"),
-            *_GEMM_EPILOGUE_PARAMS,
-            Param("lda", "int64_t"),  # bytes
-            Param("lda_scale", "int64_t"),
-            Param("ldb", "int64_t"),
-            Param("ldb_scale", "int64_t"),
-            *_GEMM_OUTPUT_PARAMS[:-1],
-            Param("offsets", "const int64_t*"),  # [groups] cumulative ends along M (rows) or K (elements)
-            Param("groups", "int64_t"),
-            Param("along_k", "int64_t"),  # 1: groups along K (one [M, N] output a group); 0: along M
-            Param("b_group_stride", "int64_t"),  # bytes from one group's B codes to the next (along M)
-            Param("b_scale_group_stride", "int64_t"),
-            Param("c_group_stride", "int64_t"),  # elements from one group's C / D to the next (along K)
-            Param("d_group_stride", "int64_t"),
-            Param("row_amax_group_stride", "int64_t"),  # elements from one group's row amaxes to the next
-            Param("col_amax_group_stride", "int64_t"),
-            Param("bias_group_stride", "int64_t"),
-            _GEMM_OUTPUT_PARAMS[-1],  # the workspace
-        ),
+        params=_GROUPED_GEMM_PARAMS,
         constraints={"cols_multiple_of": 64},
         alignment={"a_codes": 16, "b_codes": 16, "a_scale": 4, "b_scale": 4},
+    ),
+    "gemm_grouped_tma": Family(
+        name="gemm_grouped_tma",
+        op="grouped_gemm",
+        description="Hopper grouped D = A @ B.T for mixture-of-experts layers (as gemm_grouped_wgmma) through "
+                    "CUTLASS's SM90 grouped GEMM over fp16 copies of both operands (exact block-scaled values), "
+                    "group shapes and pointers written on the device, the bilateral amax epilogue per group",
+        template="gemm_grouped_tma.cu.j2",
+        name_prefix="gemm_nvfp4_grouped_tma",
+        axes={
+            "out_dtype": _GEMM_OUT_DTYPES,
+            "tile": TileTokens(tables.GEMM_TILES),
+            "cluster": {"1x1": "", "2x1": "cl2x1", "1x2": "cl1x2"},  # 1x1 adds nothing to the name
+            "arch": {"sm90a": "sm90a"},
+        },
+        defaults=(("cluster", "1x1"),),
+        params=_GROUPED_GEMM_PARAMS,
+        constraints={"cols_multiple_of": 64},
+        # TMA stores D's rows (and loads C's): 16-byte aligned; the codes and scales as the packed kernel reads them
+        alignment={"a_codes": 16, "b_codes": 16, "a_scale": 4, "b_scale": 4, "c": 16, "d": 16},
+        excluded=((lambda values, facts: facts["tile_m"] < 128,
+                   "the cooperative schedule splits the tile's M across two warp groups: tile M must be >= 128"),),
     ),
     "gemm_sm100": Family(
         name="gemm_sm100",

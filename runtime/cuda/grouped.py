@@ -72,16 +72,38 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
     return row, col
 
 
-def _grouped_gemm_kernel(device, out_dtype, k: int, pointers: dict, rows_per_group: float):
-    """The declared grouped GEMM for the problem: the 64-row tile when groups average at most 64 rows (fewer
-    CTAs idle past a group's end), else the 128-row one."""
+# The grouped GEMM families (both one library call, the same arguments):
+#  - gemm_grouped_tma: CUTLASS's SM90 grouped GEMM over fp16 copies of both operands (a TMA warp-specialized
+#    mainloop), wherever D's rows can be TMA-stored (16-byte aligned) and the groups average at least
+#    TMA_MIN_ROWS_PER_GROUP[grouping] rows;
+#  - gemm_grouped_wgmma (the packed weight dequantized on chip, no weight copy) otherwise: its 64-row tile when
+#    the groups average at most 64 rows (fewer CTAs idle past a group's end), else the 128-row one.
+# On the H200 (bench/RESULTS.md, 2026-12-02) the TMA family ran every wgrad (groups along K, where the fp16
+# copies are of tokens) 1.2-1.6x faster; along M it needs the experts' weights as fp16 (E * N * K * 2 bytes of
+# traffic and workspace), which 2048 tokens an expert repaid (Mixtral FC1 fprop 1.53x faster) and 512 about
+# broke even (Qwen3-30B-A3B FC1 1.01x, FC2 1.14x), so fewer keep the packed kernel.
+TMA_TILE = {"tile": "128x256x64", "cluster": "2x1"}
+TMA_MIN_ROWS_PER_GROUP = {"along M": 512, "along K": 0}
+
+
+def _tma_can_store(d: torch.Tensor, n: int) -> bool:
+    """Whether every group's rows of D start 16-byte aligned (TMA stores them; C is D when accumulating)."""
+    row_bytes = d.stride(-2) * d.element_size() if d.dim() >= 2 and d.shape[-2] > 1 else 16
+    return d.data_ptr() % 16 == 0 and row_bytes % 16 == 0 and (n * d.element_size()) % 16 == 0
+
+
+def _grouped_gemm_kernel(device, out_dtype, k: int, pointers: dict, rows_per_group: float, along_k: bool,
+                         tma_ok: bool):
+    """The grouped GEMM kernel for the problem, by the rule above."""
+    if tma_ok and rows_per_group >= TMA_MIN_ROWS_PER_GROUP["along K" if along_k else "along M"]:
+        return _kernel_for("grouped_gemm", device, {"out_dtype": out_dtype}, k, pointers, TMA_TILE)
     tile = "64x128x64" if rows_per_group <= 64 else "128x128x64"
     return _kernel_for("grouped_gemm", device, {"out_dtype": out_dtype}, k, pointers, {"packed_tile": tile})
 
 
 def grouped_gemm(a: GroupedNVFP4Data, b: GroupedNVFP4Data, offsets: torch.Tensor, along_k: bool, shape: tuple,
                  out_dtype: torch.dtype, out, accumulate: bool, bias) -> torch.Tensor:
-    """One library call: A's fp16 copy, (along M) the groups' tile counts, then the grouped GEMM, all on the
+    """One library call of the kernel _grouped_gemm_kernel picks (its prepasses, then the grouped GEMM), all on the
     current stream; the offsets stay on the device."""
     device = a.device
     groups = offsets.shape[0]
@@ -93,10 +115,10 @@ def grouped_gemm(a: GroupedNVFP4Data, b: GroupedNVFP4Data, offsets: torch.Tensor
     else:
         group_ends = offsets
         rows_per_group = m / groups
+    d = out if out is not None else torch.empty(shape, dtype=out_dtype, device=device)
     pointers = {"a_codes": a.data.data_ptr(), "a_scale": a.scale.data_ptr(), "b_codes": b.data.data_ptr(),
                 "b_scale": b.scale.data_ptr()}
-    kernel = _grouped_gemm_kernel(device, out_dtype, k, pointers, rows_per_group)
-    d = out if out is not None else torch.empty(shape, dtype=out_dtype, device=device)
+    kernel = _grouped_gemm_kernel(device, out_dtype, k, pointers, rows_per_group, along_k, _tma_can_store(d, n))
     if m == 0 or n == 0:
         return d
     if k == 0:  # nothing to contract: D = C when accumulating, else zeros

@@ -10,6 +10,16 @@ from conftest import group_ends, run_without_host_sync
 
 pytestmark = pytest.mark.gpu
 
+
+@pytest.fixture(autouse=True, params=["tma", "wgmma"])
+def family(request, monkeypatch):
+    """Every test runs once on each grouped GEMM family (gemm_grouped_tma, gemm_grouped_wgmma), whatever the
+    dispatcher's rule would take for its shapes."""
+    from fp4gen.cuda import grouped
+    threshold = 0 if request.param == "tma" else float("inf")
+    monkeypatch.setattr(grouped, "TMA_MIN_ROWS_PER_GROUP", {"along M": threshold, "along K": threshold})
+    return request.param
+
 ROUTINGS = {
     "uniform": [64, 64, 64, 64],
     "skewed": [0, 3, 0, 150, 17, 0, 1, 21],

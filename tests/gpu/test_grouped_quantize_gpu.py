@@ -94,6 +94,27 @@ def test_stacked_weights_equal_reference(option, scaling, block):
     assert got.rowwise.data.shape == (5, 48, 104) and got.columnwise.data.shape == (5, 208, 24)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("option", ["plain", "rht", "sr"])
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+def test_stacked_weights_over_several_tiles(dtype, option, scaling):
+    """Groups of 112 rows (a whole and a partial 64-row tile each) and 208 columns, and groups of 2000 x 64 whose
+    per-group amax pass splits each group between many CTAs."""
+    torch.manual_seed(4)
+    for shape in ((3, 112, 208), (2, 2000, 64)):
+        scales = torch.linspace(0.5, 4, shape[0], device="cuda").view(-1, 1, 1)
+        w = (torch.randn(*shape, device="cuda") * scales).to(dtype)
+        assert_same_as_reference(w, None, scaling=scaling, **OPTIONS[option])
+
+
+def test_nan_in_a_stacked_weight_stays_in_its_group():
+    w = torch.randn(4, 64, 128, device="cuda", dtype=torch.bfloat16)
+    w[2, 5, 9] = float("nan")
+    got = assert_same_as_reference(w, None, scaling="tensor", block=(16, 16))
+    assert torch.isnan(got.rowwise.amax.cpu()).tolist() == [False, False, True, False]
+    assert torch.isnan(got.columnwise.amax.cpu()).tolist() == [False, False, True, False]
+
+
 def test_stacked_rowwise_only_with_rows_off_the_grid():
     w = torch.randn(3, 40, 64, device="cuda", dtype=torch.float16)
     assert_same_as_reference(w, None, scaling="tensor", columnwise=False)

@@ -4,28 +4,34 @@
 // Each amax side is a vector or a broadcast scalar, chosen at run time through the broadcast nodes'
 // `bool` stride; beta = 0 skips reading C; a null bias adds 0 (the node's null default) and reads nothing.
 // The bias is fp32 whatever the output: added before the one rounding to the output dtype.
+// kPerGroup (grouped GEMMs): the amax and bias arguments are device arrays of one pointer per group, which the
+// broadcast nodes index by the group (CUTLASS's array-of-pointers form, element type `float*`).
 #pragma once
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
 
 namespace fp4gen {
 
-template <class TileShape, class ElementD>
+template <class TileShape, class ElementD, bool kPerGroup = false>
 struct BilateralEpilogue {
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  using Input = std::conditional_t<kPerGroup, float*, float>;
+  using Pointer = std::conditional_t<kPerGroup, const float* const*, const float*>;
   // Naming trap: Sm90ColBroadcast broadcasts a column vector (length M), i.e. the per-ROW scale;
   // Sm90RowBroadcast broadcasts a row vector (length N), the per-COLUMN scale.
-  using RowAmax = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float,
+  using RowAmax = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, Input, float,
                                                               cute::Stride<bool, cute::_0, int64_t>>;
-  using ColAmax = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float,
+  using ColAmax = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, Input, float,
                                                               cute::Stride<cute::_0, bool, int64_t>>;
   using Scalar = cutlass::epilogue::fusion::Sm90ScalarBroadcast<float>;
   using Multiply = cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>;
   using ColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, ColAmax, cutlass::epilogue::fusion::Sm90AccFetch>;
   using RowColScaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, RowAmax, ColScaled>;
   using Scaled = cutlass::epilogue::fusion::Sm90EVT<Multiply, Scalar, RowColScaled>;
-  using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float,
+  using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, Input, float,
                                                            cute::Stride<cute::_0, cute::_1, int64_t>>;
   using Add = cutlass::epilogue::fusion::Sm90Compute<cutlass::plus, float, float, kRound>;
   using Biased = cutlass::epilogue::fusion::Sm90EVT<Add, Scaled, Bias>;
@@ -35,7 +41,7 @@ struct BilateralEpilogue {
 
   // The tree's arguments nest like the tree: {child arguments..., node arguments}.
   template <class ThreadArgs>
-  static void set_arguments(ThreadArgs& thread, const float* row_amax, const float* col_amax, const float* bias,
+  static void set_arguments(ThreadArgs& thread, Pointer row_amax, Pointer col_amax, Pointer bias,
                             float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector) {
     thread = {
         {{beta}},  // beta

@@ -125,28 +125,51 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t
 
 // An operand's block-scaled values as fp16 (each times 2^-14, decode8's order within 16-byte chunks),
 // row-major, k * 2 bytes a row: A's for every GEMM of the family (every CTA of a tile row would otherwise
-// dequantize the same A tile again, N / BN times), and B's where the grouped kernel reads both as fp16.
+// dequantize the same A tile again, N / BN times), and B's where a grouped kernel reads both as fp16.
+// kStacked: the rows come in groups of rows_per_group (stacked expert weights), group g's codes and scales
+// group_stride and scale_group_stride bytes after group g - 1's; the fp16 rows follow one another regardless.
+template <bool kStacked>
 __global__ void __launch_bounds__(256) dequantize_rows_kernel(const uint8_t* codes, const uint8_t* scales,
                                                               int64_t ld, int64_t ld_scale, int64_t rows, int64_t k,
-                                                              uint8_t* half) {
+                                                              uint8_t* half, int64_t rows_per_group,
+                                                              int64_t group_stride, int64_t scale_group_stride) {
   const int64_t blocks_per_row = k / 16, blocks = rows * blocks_per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < blocks;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / blocks_per_row, block = i - row * blocks_per_row;
+    const uint8_t* row_codes = codes + row * ld;
+    const uint8_t* row_scales = scales + row * ld_scale;
+    if constexpr (kStacked) {
+      const int64_t group = row / rows_per_group, in_group = row - group * rows_per_group;
+      row_codes = codes + group * group_stride + in_group * ld;
+      row_scales = scales + group * scale_group_stride + in_group * ld_scale;
+    }
     uint4 first, second;
-    fused_gemm::dequantize_block(*reinterpret_cast<const uint2*>(codes + row * ld + block * 8),
-                                 scales[row * ld_scale + block], first, second);
+    fused_gemm::dequantize_block(*reinterpret_cast<const uint2*>(row_codes + block * 8), row_scales[block], first,
+                                 second);
     uint4* const out = reinterpret_cast<uint4*>(half + row * k * 2 + block * 32);
     out[0] = first, out[1] = second;
   }
 }
 
+inline unsigned dequantize_rows_grid(int64_t rows, int64_t k) {
+  return static_cast<unsigned>(std::min<int64_t>((rows * (k / 16) + 255) / 256, 8192));
+}
+
 // Launches dequantize_rows_kernel over rows x k on `stream`.
 inline void dequantize_rows(const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale, int64_t rows,
                             int64_t k, uint8_t* half, cudaStream_t stream) {
-  const int64_t blocks = rows * (k / 16);
-  dequantize_rows_kernel<<<static_cast<unsigned>(std::min<int64_t>((blocks + 255) / 256, 8192)), 256, 0, stream>>>(
-      codes, scales, ld, ld_scale, rows, k, half);
+  dequantize_rows_kernel<false><<<dequantize_rows_grid(rows, k), 256, 0, stream>>>(codes, scales, ld, ld_scale, rows,
+                                                                                   k, half, rows, 0, 0);
+}
+
+// The same over `groups` stacked groups of rows_per_group rows each (rows_per_group > 0).
+inline void dequantize_stacked_rows(const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale,
+                                    int64_t groups, int64_t rows_per_group, int64_t group_stride,
+                                    int64_t scale_group_stride, int64_t k, uint8_t* half, cudaStream_t stream) {
+  const int64_t rows = groups * rows_per_group;
+  dequantize_rows_kernel<true><<<dequantize_rows_grid(rows, k), 256, 0, stream>>>(
+      codes, scales, ld, ld_scale, rows, k, half, rows_per_group, group_stride, scale_group_stride);
 }
 
 // Copies k-tiles of an fp16 operand's rows r0 .. r0 + kRows - 1 (of `rows`, each k elements) into a slot in the

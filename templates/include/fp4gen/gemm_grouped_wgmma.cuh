@@ -235,8 +235,9 @@ inline size_t grouped_wgmma_workspace_size(FP4GEN_GROUPED_GEMM_PARAMS) {
   return grouped_wgmma::half_a_offset(groups) + static_cast<size_t>(m * k) * 2;
 }
 
-template <int BM, int BN>
-int grouped_wgmma_can_implement(FP4GEN_GROUPED_GEMM_PARAMS) {
+// The rules of the family's C ABI that every grouped GEMM kernel shares (gemm_grouped_tma.cuh too): the
+// operands' codes are read in 16-byte chunks and their scales in 4-byte words.
+inline int grouped_gemm_status(FP4GEN_GROUPED_GEMM_PARAMS) {
   (void)alpha, (void)ldc, (void)c_group_stride, (void)d_group_stride, (void)bias_group_stride;
   (void)row_amax_group_stride, (void)col_amax_group_stride;
   if (m < 0 || n < 0 || k <= 0 || k % fused_gemm::kTileK != 0 || k / fused_gemm::kTileK > INT32_MAX)
@@ -245,7 +246,6 @@ int grouped_wgmma_can_implement(FP4GEN_GROUPED_GEMM_PARAMS) {
   if ((row_is_vector != 0 && row_is_vector != 1) || (col_is_vector != 0 && col_is_vector != 1)) return kInvalidProblem;
   if (beta != 0.0f && c == nullptr) return kInvalidProblem;
   if (along_k && bias != nullptr) return kInvalidProblem;  // wgrad has no bias
-  if ((n + BN - 1) / BN > 0x7FFFFFFF || (m + BM - 1) / BM + groups > 65535) return kInvalidProblem;
   if (ldd < n || (m > 1 && lda < k / 2) || (n > 1 && ldb < k / 2)) return kInvalidProblem;
   if (b_group_stride < 0 || b_scale_group_stride < 0) return kInvalidProblem;
   // cp.async moves 16-byte chunks of codes and 4-byte words of scales
@@ -254,6 +254,13 @@ int grouped_wgmma_can_implement(FP4GEN_GROUPED_GEMM_PARAMS) {
     return kMisaligned;
   if (m > 0 && n > 0 && workspace == nullptr) return kInvalidProblem;
   return kOk;
+}
+
+template <int BM, int BN>
+int grouped_wgmma_can_implement(FP4GEN_GROUPED_GEMM_PARAMS) {
+  const int status = grouped_gemm_status(FP4GEN_GROUPED_GEMM_ARGS);
+  if (status != kOk) return status;
+  return (n + BN - 1) / BN > 0x7FFFFFFF || (m + BM - 1) / BM + groups > 65535 ? kInvalidProblem : kOk;  // the grid
 }
 
 template <int BM, int BN, int kCtas, class OutT>

@@ -12,6 +12,10 @@
 //                    last. amax per (group, column) [E, K] (vector_amax) or per group [E]; with the Hadamard
 //                    transform, those of the transformed copy.
 //
+// Stacked weights are encoded by stacked_encode_kernel, which tiles each group as the dense kernels tile a matrix
+// (a group is one); scaled per group without the transform, their amaxes come from stacked_amax_kernel, any other
+// amaxes from the padded-row-space pass below. Tokens take both passes below.
+//
 // Both passes work on 64 x 64 tiles of the padded row space (capacity rows), a CTA on four consecutive tiles of
 // one column tile: each 16-row block finds its group by a binary search of padded_ends, then reads its rows of
 // x (zeros past the group's end). The amax pass accumulates the amaxes with atomicMax on |x|'s bit patterns (NaN > Inf > every finite value, so NaN
@@ -24,6 +28,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 
 #include "fp4gen/abi.h"
 #include "fp4gen/elements.cuh"
@@ -273,6 +278,86 @@ __global__ void __launch_bounds__(kOptThreads) grouped_encode_kernel(const Group
   });
 }
 
+// Stacked weights: group e is rows e * N .. e * N + N - 1 of x's [E * N, K] view, a dense matrix of its own, so
+// they skip the padded row space: a CTA takes one 64 x 64 tile of one group (found by a division, not a search),
+// as the dense quantize_options kernel takes a tile, and no tile straddles two groups. The copies' storage, block
+// numbers (stochastic rounding's too) and amaxes are those GroupedTileLayout gives the same blocks.
+struct StackedTileLayout {
+  const GroupedQuantizeArgs* a;
+  int64_t group, group_rows, row0, col0;  // row0: the tile's first row within its group
+  uint8_t *row_data, *row_scale, *col_data, *col_scale;
+
+  __device__ __forceinline__ int64_t row_block(int r, int jb) const {
+    const int64_t row = row0 + r, block_col = col0 + 16 * jb;
+    if (row >= group_rows || block_col >= a->cols) return -1;
+    return (group * group_rows + row) * (a->cols / 16) + block_col / 16;
+  }
+  __device__ __forceinline__ float row_amax(int r) const {
+    if (row0 + r >= group_rows) return 0.0f;
+    return a->vector_amax ? a->row_amax[group * group_rows + row0 + r] : a->row_amax[group];
+  }
+  __device__ __forceinline__ int64_t col_block(int c, int g) const {
+    const int64_t col = col0 + c, block_row = row0 + 16 * g;
+    if (col >= a->cols || block_row >= group_rows) return -1;
+    return group * (a->col_group_stride / 8) + col * (a->col_row_stride / 8) + block_row / 16;
+  }
+  __device__ __forceinline__ float col_amax(int c, int) const {
+    return a->vector_amax ? a->col_amax[group * a->cols + col0 + c] : a->col_amax[group];
+  }
+};
+
+template <class InT, bool kStochastic, bool kHadamard, bool kFourOverSix, bool kHardwareCvt>
+__global__ void __launch_bounds__(kOptThreads) stacked_encode_kernel(const GroupedQuantizeArgs a, int64_t group_rows,
+                                                                      int64_t tiles_per_group) {
+  __shared__ OptionsTile s;
+  const int64_t group = blockIdx.x / tiles_per_group;
+  const int64_t row0 = (blockIdx.x - group * tiles_per_group) * kOptTile, col0 = int64_t{blockIdx.y} * kOptTile;
+  const InT* x = static_cast<const InT*>(a.x) + group * group_rows * a.x_row_stride;
+  stage_tile_fp32<InT, kOptTile, kOptThreads>(x, a.x_row_stride, group_rows, a.cols, row0, col0, s.tile);
+  __syncthreads();
+  uint64_t seed = 0, offset = 0;
+  if constexpr (kStochastic) seed = static_cast<uint64_t>(a.rng_state[0]), offset = static_cast<uint64_t>(a.rng_state[1]);
+  const StackedTileLayout layout{&a, group, group_rows, row0, col0, a.row_data, a.row_scale, a.col_data, a.col_scale};
+  encode_options_tile<kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset, a.block_2d,
+                                                                         a.four_over_six == 2);
+}
+
+// Stacked weights scaled per group, without the transform: each group's amax of |x| (NaN-propagating, as the amax
+// pass) into row_amax and col_amax (either may be null), x read once in 16-byte vectors. The CTAs of a group split
+// its vectors between them (chunks_per_group of them, each every chunks_per_group * 256-th vector a thread) and
+// add their maxima with one atomicMax each.
+constexpr int kStackedAmaxThreads = 256, kStackedAmaxCtas = 2048;  // CTAs a launch aims at
+
+template <class InT>
+__global__ void __launch_bounds__(kStackedAmaxThreads) stacked_amax_kernel(const GroupedQuantizeArgs a,
+                                                                           int64_t group_rows, int64_t chunks_per_group) {
+  constexpr int kVec = Element<InT>::kPerVector;
+  __shared__ uint32_t warp_max[kStackedAmaxThreads / 32];
+  const int64_t group = blockIdx.x / chunks_per_group, chunk = blockIdx.x - group * chunks_per_group;
+  const InT* x = static_cast<const InT*>(a.x) + group * group_rows * a.x_row_stride;
+  const int64_t per_row = a.cols / kVec, step = chunks_per_group * kStackedAmaxThreads;
+  const int64_t step_rows = step / per_row, step_vecs = step - step_rows * per_row;
+  const int64_t first = chunk * kStackedAmaxThreads + threadIdx.x;
+  int64_t row = first / per_row, vec = first - row * per_row;  // advanced without dividing again
+  uint32_t bits = 0;
+  for (; row < group_rows; row += step_rows, vec += step_vecs) {
+    if (vec >= per_row) vec -= per_row, ++row;
+    if (row >= group_rows) break;
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + row * a.x_row_stride + vec * kVec));
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) bits = max(bits, float_abs_bits(Element<InT>::word_element_to_float(&v.x, e)));
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kStackedAmaxThreads / 32; ++w) bits = max(bits, warp_max[w]);
+    if (a.row_amax != nullptr) atomicMax(reinterpret_cast<unsigned int*>(a.row_amax + group), bits);
+    if (a.col_amax != nullptr) atomicMax(reinterpret_cast<unsigned int*>(a.col_amax + group), bits);
+  }
+}
+
 inline GroupedQuantizeArgs grouped_quantize_args(
     const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const int64_t* offsets,
     const int64_t* padded_ends, int64_t groups, int64_t capacity, float* row_amax, float* col_amax, uint8_t* row_data,
@@ -304,6 +389,7 @@ int quantize_grouped_can_implement(const void* x, int64_t x_row_stride, int64_t 
                   col_group_stride < 0 || col_group_stride % 8 != 0))
     return kInvalidProblem;
   if (block_2d && (vector_amax || hadamard || !stacked)) return kInvalidProblem;  // 16x16: stacked weights, per group
+  if (stacked && rows % groups != 0) return kInvalidProblem;  // [E * N, K]: N rows a group
   if (hadamard && !colwise) return kInvalidProblem;
   if (stochastic && rng_state == nullptr) return kInvalidProblem;
   if ((cols + kOptTile - 1) / kOptTile > 65535) return kInvalidProblem;  // gridDim.y
@@ -313,6 +399,44 @@ int quantize_grouped_can_implement(const void* x, int64_t x_row_stride, int64_t 
     return kMisaligned;
   if ((rowwise && !aligned(row_data, 8)) || (colwise && !aligned(col_data, 8))) return kMisaligned;
   return kOk;
+}
+
+// The grid of the padded-row-space passes: kGroupedTilesPerCta row tiles a CTA, a column tile a grid row.
+inline dim3 grouped_grid(int64_t capacity, int64_t cols) {
+  const int64_t row_tiles = (capacity + kOptTile - 1) / kOptTile;
+  return dim3(static_cast<unsigned>((row_tiles + kGroupedTilesPerCta - 1) / kGroupedTilesPerCta),
+              static_cast<unsigned>((cols + kOptTile - 1) / kOptTile));
+}
+
+// The encode pass of the options (stacked_encode_kernel or grouped_encode_kernel), compiled for each combination
+// the options allow.
+template <class InT, bool kHardwareCvt, bool kStacked, bool kStochastic, bool kHadamard, bool kFourOverSix>
+void launch_encode_kernel(const GroupedQuantizeArgs& a, dim3 grid, cudaStream_t stream, int64_t group_rows,
+                          int64_t tiles_per_group) {
+  if constexpr (kStacked) {
+    stacked_encode_kernel<InT, kStochastic, kHadamard, kFourOverSix, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(
+        a, group_rows, tiles_per_group);
+  } else {
+    grouped_encode_kernel<InT, kStochastic, kHadamard, kFourOverSix, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
+  }
+}
+
+template <class InT, bool kHardwareCvt, bool kStacked>
+void launch_encode(const GroupedQuantizeArgs& a, dim3 grid, cudaStream_t stream, int64_t group_rows,
+                   int64_t tiles_per_group) {
+  auto launch = [&](auto stochastic, auto hadamard, auto four_over_six) {
+    launch_encode_kernel<InT, kHardwareCvt, kStacked, decltype(stochastic)::value, decltype(hadamard)::value,
+                         decltype(four_over_six)::value>(a, grid, stream, group_rows, tiles_per_group);
+  };
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (a.stochastic) {
+    if (a.hadamard) launch(Yes{}, Yes{}, No{}); else launch(Yes{}, No{}, No{});
+  } else if (a.four_over_six != 0) {
+    if (a.hadamard) launch(No{}, Yes{}, Yes{}); else launch(No{}, No{}, Yes{});
+  } else {
+    if (a.hadamard) launch(No{}, Yes{}, No{}); else launch(No{}, No{}, No{});
+  }
 }
 
 // Zeroes the amaxes, runs the amax pass, then the encode pass of the options asked for.
@@ -339,20 +463,26 @@ int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int6
       cudaMemsetAsync(a.col_amax, 0, sizeof(float) * (vector_amax ? groups * cols : groups), stream) != cudaSuccess)
     return launch_status();
   if (capacity == 0 || cols == 0) return kOk;
-  const int64_t row_tiles = (capacity + kOptTile - 1) / kOptTile;
-  const dim3 grid(static_cast<unsigned>((row_tiles + kGroupedTilesPerCta - 1) / kGroupedTilesPerCta),
-                  static_cast<unsigned>((cols + kOptTile - 1) / kOptTile));
-  grouped_amax_kernel<InT><<<grid, kOptThreads, 0, stream>>>(a);
-  if (const int launched = launch_status(); launched != kOk) return launched;
-  if (stochastic) {
-    if (hadamard) grouped_encode_kernel<InT, true, true, false, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
-    else grouped_encode_kernel<InT, true, false, false, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
-  } else if (four_over_six != 0) {
-    if (hadamard) grouped_encode_kernel<InT, false, true, true, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
-    else grouped_encode_kernel<InT, false, false, true, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
+  if (stacked) {  // one group a dense matrix
+    const int64_t group_rows = rows / groups, tiles_per_group = (group_rows + kOptTile - 1) / kOptTile;
+    if (group_rows == 0) return kOk;
+    if (!vector_amax && !hadamard) {
+      const int64_t vecs = group_rows * (cols / Element<InT>::kPerVector);
+      const int64_t wanted = std::max<int64_t>(1, kStackedAmaxCtas / groups);
+      const int64_t chunks = std::min<int64_t>(wanted, (vecs + kStackedAmaxThreads - 1) / kStackedAmaxThreads);
+      stacked_amax_kernel<InT><<<static_cast<unsigned>(groups * chunks), kStackedAmaxThreads, 0, stream>>>(
+          a, group_rows, chunks);
+    } else {  // per-row, per-column or transformed amaxes: the general pass
+      grouped_amax_kernel<InT><<<grouped_grid(capacity, cols), kOptThreads, 0, stream>>>(a);
+    }
+    if (const int launched = launch_status(); launched != kOk) return launched;
+    const dim3 grid(static_cast<unsigned>(groups * tiles_per_group),
+                    static_cast<unsigned>((cols + kOptTile - 1) / kOptTile));
+    launch_encode<InT, kHardwareCvt, true>(a, grid, stream, group_rows, tiles_per_group);
   } else {
-    if (hadamard) grouped_encode_kernel<InT, false, true, false, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
-    else grouped_encode_kernel<InT, false, false, false, kHardwareCvt><<<grid, kOptThreads, 0, stream>>>(a);
+    grouped_amax_kernel<InT><<<grouped_grid(capacity, cols), kOptThreads, 0, stream>>>(a);
+    if (const int launched = launch_status(); launched != kOk) return launched;
+    launch_encode<InT, kHardwareCvt, false>(a, grouped_grid(capacity, cols), stream, 0, 0);
   }
   return launch_status();
 }

@@ -1,0 +1,338 @@
+// Grouped NVFP4 GEMM for mixture-of-experts layers on Hopper through CUTLASS's SM90 grouped (ptr-array) GEMM:
+// the same problems, C ABI and results as gemm_grouped_wgmma.cuh (see there: groups along M over stacked B, or
+// along K with one output a group, each group's amaxes in the bilateral epilogue), computed differently.
+//
+//   1. Both operands are dequantized into the workspace as fp16 rows (fused_wgmma::dequantize_rows: the block-
+//      scaled values times 2^-14, exact; both operands in the same order within each 16-element block, so every
+//      dot product is unchanged), B whole: along M, every group's [N, K] weight.
+//   2. One thread a group turns the device offsets into the grouped GEMM's arguments in the workspace: each
+//      group's problem shape, operand, output and amax pointers and strides. A group without rows gets shape
+//      (0, N, K) and is skipped; a group along K without k-tiles gets shape (0, N, K) too (CUTLASS would leave
+//      its accumulators unset) and a third kernel writes its output, beta * C (zeros unless accumulating).
+//   3. A persistent CUTLASS kernel (TMA, warp-specialized cooperative wgmma) walks the groups' tiles, reading
+//      the shapes from device memory only (no host copy of them exists), with the bilateral epilogue whose
+//      broadcast nodes take a pointer a group (bilateral_epilogue.hpp, kPerGroup). The fp16 operands carry
+//      2^-14 each, so alpha is passed times 2^28, an exact power of two.
+//
+// Why: the packed wgmma kernel reached 200-350 TFLOP/s on the grouped shapes (bench/RESULTS.md), where
+// a TMA-fed warp-specialized mainloop runs near the tensor cores' rate; the price is the fp16 copies' traffic and
+// workspace (along M, E * N * K * 2 bytes for the weights).
+//
+// Offsets that break their contract are clamped as gemm_grouped_wgmma.cuh clamps them: a group spans
+// [previous end, max(its end, previous end)] within [0, M] (along K: within [0, K]); results of such groups are
+// undefined, no access leaves the operands.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/group_array_problem_shape.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include "fp4gen/abi.h"
+#include "fp4gen/bilateral_epilogue.hpp"
+#include "fp4gen/cutlass_run.hpp"
+#include "fp4gen/gemm_fused_wgmma.cuh"
+#include "fp4gen/gemm_grouped_wgmma.cuh"
+
+namespace fp4gen {
+
+template <class ElementD_, int kTileM, int kTileN, int kTileK, int kClusterM, int kClusterN>
+struct TmaGroupedBilateralGemm {
+  using ElementAB = cutlass::half_t;
+  using ElementD = ElementD_;
+  using ElementC = ElementD_;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>;
+  static constexpr int kAlignAB = 16 / sizeof(ElementAB), kAlignCD = 16 / sizeof(ElementD);
+
+  using Epilogue = BilateralEpilogue<TileShape, ElementD, true>;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor*, kAlignCD,
+      ElementD, cutlass::layout::RowMajor*, kAlignCD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      typename Epilogue::Tree>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor*, kAlignAB,
+      ElementAB, cutlass::layout::ColumnMajor*, kAlignAB, float, TileShape, ClusterShape,
+      // the epilogue's tensor maps (one set per group change, in shared memory) are not in its SharedStorage:
+      // carved out too, or the stage count chosen overflows shared memory by their size
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage) + sizeof(typename CollectiveEpilogue::TensorMapStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  using Shape = typename ProblemShape::UnderlyingProblemShape;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideC = typename Kernel::InternalStrideC;
+  using StrideD = typename Kernel::InternalStrideD;
+
+  // The per-group arguments, written on the device (grouped_tma::arguments_kernel) into the workspace.
+  struct Arrays {
+    Shape* shapes;
+    const ElementAB** a;
+    const ElementAB** b;
+    const ElementC** c;
+    ElementD** d;
+    StrideA* stride_a;
+    StrideB* stride_b;
+    StrideC* stride_c;
+    StrideD* stride_d;
+    const float** row_amax;
+    const float** col_amax;
+    const float** bias;
+  };
+
+  // Arrays for `groups` groups from `base`, each array at a 16-byte boundary in the order of the members; `bytes`
+  // gets their extent.
+  static Arrays arrays_at(uint8_t* base, int64_t groups, size_t* bytes = nullptr) {
+    size_t used = 0;
+    auto take = [&](size_t per_group) {
+      // integer arithmetic: arrays_bytes sizes the layout from a null base
+      uint8_t* const at = reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(base) + used);
+      used += (per_group * static_cast<size_t>(groups) + 15) / 16 * 16;
+      return at;
+    };
+    Arrays r;
+    r.shapes = reinterpret_cast<Shape*>(take(sizeof(Shape)));
+    r.a = reinterpret_cast<const ElementAB**>(take(sizeof(void*)));
+    r.b = reinterpret_cast<const ElementAB**>(take(sizeof(void*)));
+    r.c = reinterpret_cast<const ElementC**>(take(sizeof(void*)));
+    r.d = reinterpret_cast<ElementD**>(take(sizeof(void*)));
+    r.stride_a = reinterpret_cast<StrideA*>(take(sizeof(StrideA)));
+    r.stride_b = reinterpret_cast<StrideB*>(take(sizeof(StrideB)));
+    r.stride_c = reinterpret_cast<StrideC*>(take(sizeof(StrideC)));
+    r.stride_d = reinterpret_cast<StrideD*>(take(sizeof(StrideD)));
+    r.row_amax = reinterpret_cast<const float**>(take(sizeof(void*)));
+    r.col_amax = reinterpret_cast<const float**>(take(sizeof(void*)));
+    r.bias = reinterpret_cast<const float**>(take(sizeof(void*)));
+    if (bytes != nullptr) *bytes = used;
+    return r;
+  }
+  static size_t arrays_bytes(int64_t groups) {
+    size_t bytes = 0;
+    arrays_at(nullptr, groups, &bytes);
+    return bytes;
+  }
+
+  static typename Gemm::Arguments arguments(const Arrays& arrays, int64_t groups, bool with_c, bool with_bias,
+                                            float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector,
+                                            int device, int multiprocessors) {
+    cutlass::KernelHardwareInfo hw_info;
+    hw_info.device_id = device;
+    hw_info.sm_count = multiprocessors;
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {static_cast<int>(groups), arrays.shapes, nullptr},  // shapes on the device only
+        {arrays.a, arrays.stride_a, arrays.b, arrays.stride_b},
+        {{}, with_c ? arrays.c : nullptr, arrays.stride_c, arrays.d, arrays.stride_d},
+        hw_info};
+    Epilogue::set_arguments(args.epilogue.thread, arrays.row_amax, arrays.col_amax, with_bias ? arrays.bias : nullptr,
+                            alpha, beta, row_is_vector, col_is_vector);
+    return args;
+  }
+};
+
+namespace grouped_tma {
+
+// 2^28: the two fp16 operands' 2^-14 factors (fused_gemm::decode8), undone through alpha
+constexpr float kAlphaUnscale = 268435456.0f;
+
+// What the arguments kernel needs to know of the call.
+struct Problem {
+  const void* c;
+  void* d;
+  const float *row_amax, *col_amax, *bias;
+  int64_t m, n, k, ldc, ldd, row_is_vector;
+  const int64_t* offsets;
+  int64_t groups;
+  bool along_k;
+  int64_t c_group_stride, d_group_stride, row_amax_group_stride, col_amax_group_stride, bias_group_stride;
+};
+
+// Writes group g's arguments, given its span [begin, end) along M (rows of A, C, D) or K (elements).
+template <class G>
+__device__ __forceinline__ void write_group(const Problem& p, const typename G::Arrays& arrays,
+                                            const typename G::ElementAB* a_half, const typename G::ElementAB* b_half,
+                                            int64_t g, int64_t begin, int64_t end) {
+  using ElementD = typename G::ElementD;
+  const auto* c = static_cast<const ElementD*>(p.c);
+  auto* d = static_cast<ElementD*>(p.d);
+  int64_t row0 = 0;  // the group's first row of A, C and D (along K: every group has all M rows)
+  if (p.along_k) {
+    // whole 64-element k-tiles of the padded columnwise copies, never past K (TMA zero-fills a tile's rest);
+    // a group without any gets no rows, and zero_empty_kernel its output
+    const int64_t k_tiles = (end - begin + fused_gemm::kTileK - 1) / fused_gemm::kTileK;
+    const int64_t k_extent = k_tiles * fused_gemm::kTileK < p.k - begin ? k_tiles * fused_gemm::kTileK : p.k - begin;
+    arrays.shapes[g] = typename G::Shape(k_tiles > 0 ? static_cast<int>(p.m) : 0, static_cast<int>(p.n),
+                                         static_cast<int>(k_extent));
+    arrays.a[g] = a_half + begin, arrays.b[g] = b_half + begin;
+  } else {
+    row0 = begin;
+    arrays.shapes[g] = typename G::Shape(static_cast<int>(end - begin), static_cast<int>(p.n), static_cast<int>(p.k));
+    arrays.a[g] = a_half + begin * p.k, arrays.b[g] = b_half + g * p.n * p.k;
+  }
+  arrays.stride_a[g] = cute::make_stride(p.k, cute::Int<1>{}, cute::Int<0>{});
+  arrays.stride_b[g] = cute::make_stride(p.k, cute::Int<1>{}, cute::Int<0>{});
+  arrays.c[g] = c != nullptr ? c + g * p.c_group_stride + row0 * p.ldc : nullptr;
+  arrays.d[g] = d + g * p.d_group_stride + row0 * p.ldd;
+  arrays.stride_c[g] = cute::make_stride(p.ldc, cute::Int<1>{}, cute::Int<0>{});
+  arrays.stride_d[g] = cute::make_stride(p.ldd, cute::Int<1>{}, cute::Int<0>{});
+  // the packed kernels index a row amax vector by A's row, CUTLASS by the group's
+  arrays.row_amax[g] = p.row_amax + g * p.row_amax_group_stride + (p.row_is_vector ? row0 : 0);
+  arrays.col_amax[g] = p.col_amax + g * p.col_amax_group_stride;
+  arrays.bias[g] = p.bias != nullptr ? p.bias + g * p.bias_group_stride : nullptr;
+}
+
+// One warp, 32 groups at a time: the groups' spans are the offsets clamped in order into [0, limit] (a running
+// maximum, as grouped_wgmma::row_tiles_kernel clamps them: spans never overlap or leave the operand).
+template <class G>
+__global__ void __launch_bounds__(32) arguments_kernel(const Problem p, const typename G::Arrays arrays,
+                                                       const typename G::ElementAB* a_half,
+                                                       const typename G::ElementAB* b_half) {
+  const int64_t limit = p.along_k ? p.k : p.m;
+  int64_t carry_end = 0;
+  for (int64_t base = 0; base < p.groups; base += 32) {
+    const int64_t g = base + threadIdx.x;
+    const bool in = g < p.groups;
+    const int64_t offset = in ? p.offsets[g] : 0;
+    int64_t end = offset > limit ? limit : offset;
+#pragma unroll
+    for (int shift = 1; shift < 32; shift *= 2) {
+      const int64_t other = __shfl_up_sync(0xFFFFFFFFu, end, shift);
+      if (static_cast<int>(threadIdx.x) >= shift && other > end) end = other;
+    }
+    if (end < carry_end) end = carry_end;
+    int64_t begin = __shfl_up_sync(0xFFFFFFFFu, end, 1);
+    if (threadIdx.x == 0) begin = carry_end;
+    if (in) write_group<G>(p, arrays, a_half, b_half, g, begin, end);
+    carry_end = __shfl_sync(0xFFFFFFFFu, end, 31);
+  }
+}
+
+// Along K: the [M, N] output of every group without k-tiles (no rows in its shape), beta * C, as the packed
+// kernel leaves it.
+template <class G>
+__global__ void zero_empty_kernel(const Problem p, const typename G::Shape* shapes, float beta) {
+  using ElementD = typename G::ElementD;
+  const int64_t g = blockIdx.y;
+  if (cute::get<0>(shapes[g]) != 0) return;
+  const auto* c = static_cast<const ElementD*>(p.c);
+  auto* d = static_cast<ElementD*>(p.d) + g * p.d_group_stride;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.m * p.n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / p.n, col = i - row * p.n;
+    const float value = beta != 0.0f ? beta * static_cast<float>(c[g * p.c_group_stride + row * p.ldc + col]) : 0.0f;
+    d[row * p.ldd + col] = static_cast<ElementD>(value);
+  }
+}
+
+// The workspace: A's fp16 copy, B's, the per-group arrays, then CUTLASS's own, each at a 256-byte boundary.
+struct WorkspaceLayout {
+  size_t a_half, b_half, arrays, cutlass, total;
+};
+
+template <class G>
+WorkspaceLayout workspace_layout(int64_t m, int64_t n, int64_t k, int64_t groups, bool along_k, size_t cutlass_bytes) {
+  auto round = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const int64_t b_rows = along_k ? n : groups * n;
+  WorkspaceLayout w;
+  w.a_half = 0;
+  w.b_half = round(static_cast<size_t>(m * k) * 2);
+  w.arrays = w.b_half + round(static_cast<size_t>(b_rows * k) * 2);
+  w.cutlass = w.arrays + round(G::arrays_bytes(groups));
+  w.total = w.cutlass + cutlass_bytes;
+  return w;
+}
+
+inline int current_device() {
+  int device = 0;
+  cudaGetDevice(&device);
+  return device;
+}
+
+inline int multiprocessors(int device) {
+  int count = 0;
+  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  return count;
+}
+
+template <class G>
+typename G::Gemm::Arguments gemm_arguments(uint8_t* arrays_base, int64_t groups, const void* c, const float* bias,
+                                           float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector) {
+  const int device = current_device();
+  return G::arguments(G::arrays_at(arrays_base, groups), groups, c != nullptr && beta != 0.0f, bias != nullptr,
+                      alpha * kAlphaUnscale, beta, row_is_vector, col_is_vector, device, multiprocessors(device));
+}
+
+}  // namespace grouped_tma
+
+template <class G>
+size_t grouped_tma_workspace_size(FP4GEN_GROUPED_GEMM_PARAMS) {
+  (void)a_codes, (void)a_scale, (void)b_codes, (void)b_scale, (void)d, (void)row_amax, (void)col_amax;
+  (void)lda, (void)lda_scale, (void)ldb, (void)ldb_scale, (void)ldc, (void)ldd, (void)offsets, (void)b_group_stride;
+  (void)b_scale_group_stride, (void)c_group_stride, (void)d_group_stride, (void)row_amax_group_stride;
+  (void)col_amax_group_stride, (void)bias_group_stride, (void)workspace;
+  if (m <= 0 || n <= 0 || groups <= 0) return 0;
+  // CUTLASS's share depends on the group count and the device, not on the pointers (none is read here)
+  const size_t cutlass_bytes = G::Gemm::get_workspace_size(grouped_tma::gemm_arguments<G>(
+      nullptr, groups, c, bias, alpha, beta, row_is_vector, col_is_vector));
+  return grouped_tma::workspace_layout<G>(m, n, k, groups, along_k != 0, cutlass_bytes).total;
+}
+
+template <class G>
+int grouped_tma_can_implement(FP4GEN_GROUPED_GEMM_PARAMS) {
+  const int status = grouped_gemm_status(FP4GEN_GROUPED_GEMM_ARGS);
+  if (status != kOk) return status;
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return kInvalidProblem;  // CUTLASS's int shapes
+  // TMA: 16-byte aligned rows of D and C at every group's first row, and of D's and C's bases
+  if (!aligned(d, 16) || !aligned(c, 16) || !aligned(bias, 16)) return kMisaligned;
+  for (const int64_t stride : {ldd, ldc, c_group_stride, d_group_stride})
+    if (stride % G::kAlignCD != 0) return kMisaligned;
+  // the broadcast nodes read amax vectors with vector loads only where aligned, so no rule for them
+  return kOk;
+}
+
+template <class G>
+int grouped_tma_run(FP4GEN_GROUPED_GEMM_PARAMS, cudaStream_t stream) {
+  using ElementAB = typename G::ElementAB;
+  const int status = grouped_tma_can_implement<G>(FP4GEN_GROUPED_GEMM_ARGS);
+  if (status != kOk) return status;
+  if (m == 0 || n == 0) return kOk;
+  const size_t cutlass_bytes = G::Gemm::get_workspace_size(grouped_tma::gemm_arguments<G>(
+      nullptr, groups, c, bias, alpha, beta, row_is_vector, col_is_vector));
+  const grouped_tma::WorkspaceLayout layout =
+      grouped_tma::workspace_layout<G>(m, n, k, groups, along_k != 0, cutlass_bytes);
+  uint8_t* const base = static_cast<uint8_t*>(workspace);
+  uint8_t* const a_half = base + layout.a_half;
+  uint8_t* const b_half = base + layout.b_half;
+  fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
+  if (along_k) {
+    fused_wgmma::dequantize_rows(b_codes, b_scale, ldb, ldb_scale, n, k, b_half, stream);
+  } else {
+    fused_wgmma::dequantize_stacked_rows(b_codes, b_scale, ldb, ldb_scale, groups, n, b_group_stride,
+                                         b_scale_group_stride, k, b_half, stream);
+  }
+  const grouped_tma::Problem problem{c, d, row_amax, col_amax, bias, m, n, k, ldc, ldd, row_is_vector, offsets,
+                                      groups, along_k != 0, c_group_stride, d_group_stride, row_amax_group_stride,
+                                      col_amax_group_stride, bias_group_stride};
+  const typename G::Arrays arrays = G::arrays_at(base + layout.arrays, groups);
+  grouped_tma::arguments_kernel<G><<<1, 32, 0, stream>>>(problem, arrays, reinterpret_cast<const ElementAB*>(a_half),
+                                                           reinterpret_cast<const ElementAB*>(b_half));
+  if (along_k) {
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((m * n + 255) / 256, 1024)), static_cast<unsigned>(groups));
+    grouped_tma::zero_empty_kernel<G><<<grid, 256, 0, stream>>>(problem, arrays.shapes, beta);
+  }
+  if (const int launched = launch_status(); launched != kOk) return launched;
+  return cutlass_run<typename G::Gemm>(
+      grouped_tma::gemm_arguments<G>(base + layout.arrays, groups, c, bias, alpha, beta, row_is_vector,
+                                      col_is_vector),
+      base + layout.cutlass, stream);
+}
+
+}  // namespace fp4gen
