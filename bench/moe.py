@@ -13,7 +13,11 @@ every optimizer step), "ratio" = fp4gen time / grouped_mm time.
 
 `python moe.py --parts` times each operation of the fp4gen step instead (uniform routing): the three
 quantizations and the three grouped GEMMs, beside grouped_mm's forward GEMM and the dense fp4gen.quantize of
-the same tokens."""
+the same tokens.
+
+`python moe.py --families` times each grouped GEMM on both Hopper grouped GEMM families (the dispatcher's
+threshold, runtime/cuda/grouped.py TMA_MIN_ROWS_PER_GROUP, forced either way), uniform and skewed routing; "wgrad
+fp32 acc" accumulates into an fp32 [E, N, K] main gradient."""
 import sys
 
 import torch
@@ -81,9 +85,53 @@ def parts():
         torch.cuda.empty_cache()
 
 
+def families():
+    from fp4gen.cuda import grouped as cuda_grouped
+    mm = grouped_mm()
+    print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    for name, tokens, experts, k, n in SHAPES:
+        for skewed in (False, True):
+            torch.manual_seed(0)
+            x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+            dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            ends = torch.tensor(routing(tokens, experts, skewed), device="cuda").cumsum(0)
+            gx = fp4gen.quantize_grouped(x, ends, hadamard=True)
+            gdy = fp4gen.quantize_grouped(dy, ends, scaling="tensor", hadamard=True)
+            gw = fp4gen.quantize_grouped(w, None, scaling="tensor", block=(16, 16))
+            main_grad = torch.zeros(experts, n, k, device="cuda")
+            gemms = {
+                "fprop": lambda: fp4gen.grouped_gemm(gx.rowwise, gw.rowwise, ends),
+                "dgrad": lambda: fp4gen.grouped_gemm(gdy.rowwise, gw.columnwise, ends),
+                "wgrad bf16": lambda: fp4gen.grouped_gemm(gdy.columnwise, gx.columnwise, ends,
+                                                          out_dtype=torch.bfloat16),
+                "wgrad fp32 acc": lambda: fp4gen.grouped_gemm(gdy.columnwise, gx.columnwise, ends, out=main_grad,
+                                                              accumulate=True),
+            }
+            flops = 2 * tokens * k * n
+            rule = cuda_grouped.TMA_MIN_ROWS_PER_GROUP
+            try:
+                for label, fn in gemms.items():
+                    row = []
+                    for family, threshold in (("wgmma", float("inf")), ("tma", 0)):
+                        cuda_grouped.TMA_MIN_ROWS_PER_GROUP = {"along M": threshold, "along K": threshold}
+                        ms = graph_median_ms(fn)
+                        row.append(f"{family} {ms * 1e3:8.1f} us {flops / ms / 1e9:4.0f} TF")
+                    print(f"{name:>18} {'skew' if skewed else 'unif':>4} {label:>15}  " + "   ".join(row), flush=True)
+            finally:
+                cuda_grouped.TMA_MIN_ROWS_PER_GROUP = rule
+            if not skewed:
+                ms = graph_median_ms(lambda: mm(x, w.transpose(-2, -1), offs=ends.to(torch.int32)))
+                print(f"{name:>18} unif grouped_mm fwd {ms * 1e3:8.1f} us {flops / ms / 1e9:4.0f} TF", flush=True)
+            del x, dy, w, gx, gdy, gw, main_grad
+            torch.cuda.empty_cache()
+
+
 def main():
     if "--parts" in sys.argv:
         return parts()
+    if "--families" in sys.argv:
+        return families()
     mm = grouped_mm()
     with_loop = "--no-loop" not in sys.argv
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")

@@ -5,8 +5,8 @@
 //   1. Both operands are dequantized into the workspace as fp16 rows (fused_wgmma::dequantize_rows: the block-
 //      scaled values times 2^-14, exact; both operands in the same order within each 16-element block, so every
 //      dot product is unchanged), B whole: along M, every group's [N, K] weight.
-//   2. One thread a group turns the device offsets into the grouped GEMM's arguments in the workspace: each
-//      group's problem shape, operand, output and amax pointers and strides. A group without rows gets shape
+//   2. One warp, 32 groups at a time, turns the device offsets into the grouped GEMM's arguments in the
+//      workspace: each group's problem shape, operand, output and amax pointers and strides. A group without rows gets shape
 //      (0, N, K) and is skipped; a group along K without k-tiles gets shape (0, N, K) too (CUTLASS would leave
 //      its accumulators unset) and a third kernel writes its output, beta * C (zeros unless accumulating).
 //   3. A persistent CUTLASS kernel (TMA, warp-specialized cooperative wgmma) walks the groups' tiles, reading
@@ -14,9 +14,10 @@
 //      broadcast nodes take a pointer a group (bilateral_epilogue.hpp, kPerGroup). The fp16 operands carry
 //      2^-14 each, so alpha is passed times 2^28, an exact power of two.
 //
-// Why: the packed wgmma kernel reached 200-350 TFLOP/s on the grouped shapes (bench/RESULTS.md), where
-// a TMA-fed warp-specialized mainloop runs near the tensor cores' rate; the price is the fp16 copies' traffic and
-// workspace (along M, E * N * K * 2 bytes for the weights).
+// Why: the packed kernel's synchronous mainloop (one barrier a k-tile, dequantization between the multiplies)
+// reached 390-410 TFLOP/s on Mixtral's experts and 150-225 on the wgrads; this one, prepasses included, 600-645
+// and 1.2-1.6x faster wgrads on the H200 (bench/RESULTS.md, 2026-12-02). The price is the fp16 copies' traffic
+// and workspace: along M, E * N * K * 2 bytes for the weights, which few tokens an expert do not repay.
 //
 // Offsets that break their contract are clamped as gemm_grouped_wgmma.cuh clamps them: a group spans
 // [previous end, max(its end, previous end)] within [0, M] (along K: within [0, K]); results of such groups are

@@ -263,12 +263,17 @@ __global__ void __launch_bounds__(kOptThreads) grouped_amax_kernel(const Grouped
   });
 }
 
+// Stochastic rounding's seed and offset, read on the device (so a captured call draws anew at each replay).
+__device__ __forceinline__ void stochastic_draw(const GroupedQuantizeArgs& a, uint64_t& seed, uint64_t& offset) {
+  seed = static_cast<uint64_t>(a.rng_state[0]), offset = static_cast<uint64_t>(a.rng_state[1]);
+}
+
 template <class InT, bool kStochastic, bool kHadamard, bool kFourOverSix, bool kHardwareCvt>
 __global__ void __launch_bounds__(kOptThreads) grouped_encode_kernel(const GroupedQuantizeArgs a) {
   __shared__ OptionsTile s;
   __shared__ GroupedBlock blocks[kGroupedTilesPerCta][kOptTile / 16];
   uint64_t seed = 0, offset = 0;
-  if constexpr (kStochastic) seed = static_cast<uint64_t>(a.rng_state[0]), offset = static_cast<uint64_t>(a.rng_state[1]);
+  if constexpr (kStochastic) stochastic_draw(a, seed, offset);
   const int64_t first_row = int64_t{blockIdx.x} * kGroupedTilesPerCta * kOptTile, col0 = int64_t{blockIdx.y} * kOptTile;
   for_each_grouped_tile<InT>(a, s.tile, blocks, [&](int t, const GroupedBlock(&tile_blocks)[kOptTile / 16]) {
     const GroupedTileLayout layout{&a, tile_blocks, first_row + t * kOptTile, col0, a.row_data, a.row_scale,
@@ -316,7 +321,7 @@ __global__ void __launch_bounds__(kOptThreads) stacked_encode_kernel(const Group
   stage_tile_fp32<InT, kOptTile, kOptThreads>(x, a.x_row_stride, group_rows, a.cols, row0, col0, s.tile);
   __syncthreads();
   uint64_t seed = 0, offset = 0;
-  if constexpr (kStochastic) seed = static_cast<uint64_t>(a.rng_state[0]), offset = static_cast<uint64_t>(a.rng_state[1]);
+  if constexpr (kStochastic) stochastic_draw(a, seed, offset);
   const StackedTileLayout layout{&a, group, group_rows, row0, col0, a.row_data, a.row_scale, a.col_data, a.col_scale};
   encode_options_tile<kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset, a.block_2d,
                                                                          a.four_over_six == 2);
@@ -329,8 +334,8 @@ __global__ void __launch_bounds__(kOptThreads) stacked_encode_kernel(const Group
 constexpr int kStackedAmaxThreads = 256, kStackedAmaxCtas = 2048;  // CTAs a launch aims at
 
 template <class InT>
-__global__ void __launch_bounds__(kStackedAmaxThreads) stacked_amax_kernel(const GroupedQuantizeArgs a,
-                                                                           int64_t group_rows, int64_t chunks_per_group) {
+__global__ void __launch_bounds__(kStackedAmaxThreads)
+    stacked_amax_kernel(const GroupedQuantizeArgs a, int64_t group_rows, int64_t chunks_per_group) {
   constexpr int kVec = Element<InT>::kPerVector;
   __shared__ uint32_t warp_max[kStackedAmaxThreads / 32];
   const int64_t group = blockIdx.x / chunks_per_group, chunk = blockIdx.x - group * chunks_per_group;
