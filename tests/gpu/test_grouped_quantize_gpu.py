@@ -98,10 +98,11 @@ def test_stacked_weights_equal_reference(option, scaling, block):
 @pytest.mark.parametrize("option", ["plain", "rht", "sr"])
 @pytest.mark.parametrize("scaling", ["row", "tensor"])
 def test_stacked_weights_over_several_tiles(dtype, option, scaling):
-    """Groups of 112 rows (a whole and a partial 64-row tile each) and 208 columns, and groups of 2000 x 64 whose
-    per-group amax pass splits each group between many CTAs."""
+    """Groups of 112 rows (a whole and a partial 64-row tile each) and 208 columns; groups of 2000 x 64 whose
+    per-group amax pass splits each group between many CTAs; and more groups (600) than a grid of the plain
+    quantize kernel has CTAs, so that each takes one."""
     torch.manual_seed(4)
-    for shape in ((3, 112, 208), (2, 2000, 64)):
+    for shape in ((3, 112, 208), (2, 2000, 64), (600, 16, 64)):
         scales = torch.linspace(0.5, 4, shape[0], device="cuda").view(-1, 1, 1)
         w = (torch.randn(*shape, device="cuda") * scales).to(dtype)
         assert_same_as_reference(w, None, scaling=scaling, **OPTIONS[option])

@@ -206,6 +206,9 @@ __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, in
 
 // Persistent CTAs, each over a contiguous run of units (see kUnitTiles) in row-major order; after the row pass,
 // single tiles dealt in turn (quant_after_row_pass).
+// A grid of gridDim.y > 1 quantizes that many matrices (quantize_grouped's stacked expert weights): matrix b is
+// x's rows b * rows .. b * rows + rows - 1, and its amaxes, copies and block numbers (stochastic rounding's) follow
+// matrix b - 1's; each takes gridDim.x CTAs. The dense launches have one.
 // kStochastic: stochastic rounding (stochastic.cuh) with the seed and offset in rng_state (read on the device):
 // the rowwise copy draws at the offset, the columnwise copy at the offset + 1, as quantize_options does.
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt, bool kHadamard,
@@ -216,6 +219,13 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
                     uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale, uint8_t* __restrict__ col_data,
                     uint8_t* __restrict__ col_scale, const int64_t* __restrict__ rng_state) {
   using L = QuantLane<InT>;
+  const int64_t matrix = blockIdx.y;
+  x += matrix * rows * x_row_stride;
+  if (row_amax != nullptr) row_amax += matrix * (kRowScaled ? rows : 1);
+  if (col_amax != nullptr) col_amax += matrix * (kRowScaled ? cols : 1);
+  if (row_data != nullptr) row_data += matrix * rows * (cols / 2), row_scale += matrix * rows * (cols / 16);
+  if (col_data != nullptr) col_data += matrix * cols * (rows / 2), col_scale += matrix * cols * (rows / 16);
+  [[maybe_unused]] const uint64_t matrix_block0 = static_cast<uint64_t>(matrix * rows * (cols / 16));
   // kHadamard (the columnwise-only kernel): each tile's patch is transformed in place before anything reads it,
   // and from then on holds V values (bf16, or fp32 words holding bf16 values; hadamard.cuh).
   static_assert(!kHadamard || (kColwise && !kRowwise && !k2D), "the transform is of the columnwise copy, 1x16 blocks");
@@ -552,8 +562,10 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     auto encode_patch_stochastic = [&]() {
       if constexpr (kStochastic) {  // (compiled only into the stochastic kernels, whose lanes hold 8 elements)
         const uint64_t row_blocks = static_cast<uint64_t>(cols / 16), col_blocks = static_cast<uint64_t>(rows / 16);
-        [[maybe_unused]] const uint64_t row_block0 = static_cast<uint64_t>(m0 + 16 * group) * row_blocks + k0 / 16 + block;
-        [[maybe_unused]] const uint64_t col_block0 = static_cast<uint64_t>(k0 + kc * kVec) * col_blocks + m0 / 16 + group;
+        [[maybe_unused]] const uint64_t row_block0 =
+            matrix_block0 + static_cast<uint64_t>(m0 + 16 * group) * row_blocks + k0 / 16 + block;
+        [[maybe_unused]] const uint64_t col_block0 =
+            matrix_block0 + static_cast<uint64_t>(k0 + kc * kVec) * col_blocks + m0 / 16 + group;
         uint8_t* row_dst = &row_code_stage[warp][16 * group][tk % kCodeStageTiles * (kQuantTileCols / 2) + kc * kVec / 2];
         // each column's words drawn once a tile; the second half's kept from the first (no both-copies stochastic
         // kernel is declared: it spilled, and measured slower than the rowwise-only and columnwise-only ones)

@@ -12,9 +12,11 @@
 //                    last. amax per (group, column) [E, K] (vector_amax) or per group [E]; with the Hadamard
 //                    transform, those of the transformed copy.
 //
-// Stacked weights are encoded by stacked_encode_kernel, which tiles each group as the dense kernels tile a matrix
-// (a group is one); scaled per group without the transform, their amaxes come from stacked_amax_kernel, any other
-// amaxes from the padded-row-space pass below. Tokens take both passes below.
+// Stacked weights are quantized as the dense kernels quantize a matrix (a group is one). Scaled per group, both
+// copies, rounded to nearest with no other option (the weights' recipe): stacked_amax_kernel, then the plain
+// quantize kernel (quantize.cuh) over all groups in one grid, one matrix a grid row. Any other options:
+// stacked_encode_kernel, which tiles each group as quantize_options does, after stacked_amax_kernel (per-group
+// amaxes without the transform) or the padded-row-space amax pass below. Tokens take both passes below.
 //
 // Both passes work on 64 x 64 tiles of the padded row space (capacity rows), a CTA on four consecutive tiles of
 // one column tile: each 16-row block finds its group by a binary search of padded_ends, then reads its rows of
@@ -32,6 +34,7 @@
 
 #include "fp4gen/abi.h"
 #include "fp4gen/elements.cuh"
+#include "fp4gen/quantize.cuh"
 #include "fp4gen/quantize_options.cuh"
 
 namespace fp4gen {
@@ -444,6 +447,24 @@ void launch_encode(const GroupedQuantizeArgs& a, dim3 grid, cudaStream_t stream,
   }
 }
 
+// Stacked weights in the plain quantize kernel: one grid row a group (quantize_kernel's matrices), the CTAs of a
+// full grid shared out between the groups; the programmatic dependent of stacked_amax_kernel.
+template <class InT, bool kHardwareCvt, bool k2D>
+int launch_stacked_plain(const GroupedQuantizeArgs& a, int64_t group_rows, cudaStream_t stream) {
+  constexpr auto kernel = quantize_kernel<InT, true, true, false, k2D, kHardwareCvt, false, false>;
+  int device = 0, sms = 0, per_sm = 0;
+  if (!current_device_multiprocessors(&device, &sms) || !cached_occupancy<kernel>(device, kQuantThreads, 0, &per_sm))
+    return launch_status();
+  constexpr int64_t kRowsPerUnit = QuantLane<InT>::kTileRows * kQuantWarps, kUnitCols = kUnitTiles * kQuantTileCols;
+  const int64_t units = (group_rows + kRowsPerUnit - 1) / kRowsPerUnit * ((a.cols + kUnitCols - 1) / kUnitCols);
+  const int64_t ctas = std::min<int64_t>(units, std::max<int64_t>(1, int64_t{sms} * std::max(per_sm, 1) / a.groups));
+  return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(a.groups)),
+                                       dim3(kQuantThreads), 0, stream, static_cast<const InT*>(a.x), a.x_row_stride,
+                                       group_rows, a.cols, static_cast<const float*>(a.row_amax),
+                                       static_cast<const float*>(a.col_amax), a.row_data, a.row_scale, a.col_data,
+                                       a.col_scale, static_cast<const int64_t*>(nullptr));
+}
+
 // Zeroes the amaxes, runs the amax pass, then the encode pass of the options asked for.
 template <class InT, bool kHardwareCvt>
 int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const int64_t* offsets,
@@ -481,6 +502,12 @@ int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int6
       grouped_amax_kernel<InT><<<grouped_grid(capacity, cols), kOptThreads, 0, stream>>>(a);
     }
     if (const int launched = launch_status(); launched != kOk) return launched;
+    const bool plain = !vector_amax && !hadamard && !stochastic && four_over_six == 0 && row_data != nullptr &&
+                       col_data != nullptr && group_rows % 16 == 0 && groups <= 65535;
+    if (plain) {
+      return block_2d ? launch_stacked_plain<InT, kHardwareCvt, true>(a, group_rows, stream)
+                      : launch_stacked_plain<InT, kHardwareCvt, false>(a, group_rows, stream);
+    }
     const dim3 grid(static_cast<unsigned>(groups * tiles_per_group),
                     static_cast<unsigned>((cols + kOptTile - 1) / kOptTile));
     launch_encode<InT, kHardwareCvt, true>(a, grid, stream, group_rows, tiles_per_group);
