@@ -470,6 +470,23 @@ FAMILIES = {
         excluded=((lambda values, facts: facts["tile_m"] < 128,
                    "the cooperative schedule splits the tile's M across two warp groups: tile M must be >= 128"),),
     ),
+    "gemm_grouped_sm100": Family(
+        name="gemm_grouped_sm100",
+        op="grouped_gemm",
+        description="Blackwell grouped D = A @ B.T for mixture-of-experts layers (as gemm_grouped_wgmma) through "
+                    "CUTLASS's SM100 grouped block-scaled GEMM on the packed codes, each group's scales copied "
+                    "into the swizzled layout on the device, the bilateral amax epilogue per group",
+        template="gemm_grouped_sm100.cu.j2",
+        name_prefix="gemm_nvfp4_grouped_blockscaled",
+        axes={
+            "out_dtype": _GEMM_OUT_DTYPES,
+            "mma_tile": TileTokens(tables.SM100_MMA_TILES),
+            "arch": {"sm100a": "sm100a"},
+        },
+        params=_GROUPED_GEMM_PARAMS,
+        constraints={"cols_multiple_of": 64},
+        alignment={"a_codes": 16, "b_codes": 16, "c": 16, "d": 16},
+    ),
     "gemm_sm100": Family(
         name="gemm_sm100",
         op="gemm",

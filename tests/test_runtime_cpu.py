@@ -179,7 +179,8 @@ def test_built_quantize_grouped_library_checks_problems(name):
     assert kernel.can_implement(*with_(four_over_six=1, stochastic=1)) == 1  # 4over6 rounds to nearest
     assert kernel.can_implement(*with_(stochastic=1, rng=None)) == 1  # stochastic rounding needs the state
     assert kernel.can_implement(*with_(block_2d=1)) == 1  # 16x16 blocks: stacked, per group
-    assert kernel.can_implement(*with_(block_2d=1, vector=0, stacked=1)) == 0
+    assert kernel.can_implement(*with_(block_2d=1, vector=0, stacked=1, rows=48)) == 0  # 3 experts of 16 rows
+    assert kernel.can_implement(*with_(block_2d=1, vector=0, stacked=1)) == 1  # 40 rows are not 3 experts' worth
     assert kernel.can_implement(*with_(col_data=None, hadamard=1)) == 1  # the transform is of the columnwise copy
     assert kernel.can_implement(*with_(row_stride=44)) == 1  # scale rows are codes rows / 8
 
@@ -305,6 +306,47 @@ def _gemm_args(name, **values):
 
 _GEMM_EPILOGUE = dict(c=0x50000, d=0x50000, row_amax=0x60000, col_amax=0x70000, bias=None, alpha=1.0, beta=0.0,
                       row_is_vector=1, col_is_vector=0)
+
+
+def test_grouped_gemm_families_by_arch_and_rule_values():
+    from fp4gen.cuda import grouped
+    grouped_problem = dict(op="grouped_gemm", cols=256, pointers={})
+    family = (lambda **kw: MANIFEST["kernels"][select(_problem(**grouped_problem, **kw), MANIFEST)]["family"])
+    assert family(values=grouped.TMA_TILE) == "gemm_grouped_tma"
+    assert family(values={"packed_tile": "128x128x64"}) == "gemm_grouped_wgmma"
+    assert family(compute_capability=(10, 0), values=grouped.BLACKWELL_TILE) == "gemm_grouped_sm100"
+    with pytest.raises(ValueError, match="multiple of 64, got 96"):
+        select(_problem(**{**grouped_problem, "cols": 96}, compute_capability=(10, 0), values=grouped.BLACKWELL_TILE),
+               MANIFEST)
+
+
+_GROUPED_FAMILIES = ("gemm_grouped_wgmma", "gemm_grouped_tma", "gemm_grouped_sm100")
+
+
+@needs_build
+@pytest.mark.parametrize("name", [n for f in _GROUPED_FAMILIES for n in _kernels("grouped_gemm", f)])
+def test_built_grouped_gemm_library_checks_problems(name):
+    kernel = library.load_kernel(name)
+    family = MANIFEST["kernels"][name]["family"]
+    m, n, k, groups = 300, 128, 256, 4  # groups along M over stacked [4, 128, 256] weights
+    ok = dict(_GEMM_EPILOGUE, a_codes=0x10000, a_scale=0x20000, b_codes=0x30000, b_scale=0x40000, m=m, n=n, k=k,
+              lda=k // 2, lda_scale=k // 16, ldb=k // 2, ldb_scale=k // 16, ldc=n, ldd=n, offsets=0x48000,
+              groups=groups, along_k=0, b_group_stride=n * k // 2, b_scale_group_stride=n * k // 16,
+              c_group_stride=0, d_group_stride=0, row_amax_group_stride=0, col_amax_group_stride=1,
+              bias_group_stride=n, workspace=0x90000)
+
+    def check(**changes):
+        return kernel.can_implement(*_gemm_args(name, **{**ok, **changes}))
+    assert check() == 0
+    assert check(along_k=1, c_group_stride=m * n, d_group_stride=m * n) == 0  # wgrad
+    assert check(k=96) == 1  # K is whole 64-element k-tiles
+    assert check(groups=0) == 1 and check(offsets=None) == 1
+    assert check(along_k=1, bias=0x80000) == 1  # wgrad has no bias
+    assert check(beta=1.0, c=None) == 1  # accumulating needs C
+    assert check(a_codes=0x10008) == 2  # codes read in 16-byte pieces
+    assert check(workspace=None) == 1  # the fp16 copies, or the swizzled scales, live in the workspace
+    # TMA stores D's rows: the CUTLASS families need them 16-byte aligned, the packed kernel does not
+    assert check(d=0x50004) == (0 if family == "gemm_grouped_wgmma" else 2)
 
 
 @needs_build

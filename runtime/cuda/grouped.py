@@ -7,7 +7,7 @@ import torch
 from ..formats import BLOCK, GroupedNVFP4Data
 from ..grouped import capacity, padded_offsets
 from ..options import QuantizeOptions
-from .ops import _empty, _kernel_for, _launch, _ptr, _row_start_bits, gemm_alpha
+from .ops import _capability, _empty, _kernel_for, _launch, _ptr, _row_start_bits, gemm_alpha
 
 _FOUR_OVER_SIX = {None: 0, "mae": 1, "mse": 2}
 
@@ -82,7 +82,10 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
 # copies are of tokens) 1.2-1.6x faster; along M it needs the experts' weights as fp16 (E * N * K * 2 bytes of
 # traffic and workspace), which 2048 tokens an expert repaid (Mixtral FC1 fprop 1.53x faster) and 512 about
 # broke even (Qwen3-30B-A3B FC1 1.01x, FC2 1.14x), so fewer keep the packed kernel.
+# On Blackwell (compute capability 10.0) one family, gemm_grouped_sm100: CUTLASS's grouped block-scaled GEMM on
+# the packed codes. Compiled for sm_100a, never run (no Blackwell GPU was available).
 TMA_TILE = {"tile": "128x256x64", "cluster": "2x1"}
+BLACKWELL_TILE = {"mma_tile": "128x128x256"}
 TMA_MIN_ROWS_PER_GROUP = {"along M": 512, "along K": 0}
 
 
@@ -95,6 +98,11 @@ def _tma_can_store(d: torch.Tensor, n: int) -> bool:
 def _grouped_gemm_kernel(device, out_dtype, k: int, pointers: dict, rows_per_group: float, along_k: bool,
                          tma_ok: bool):
     """The grouped GEMM kernel for the problem, by the rule above."""
+    if _capability(device.index) >= (10, 0):
+        if not tma_ok:
+            raise ValueError("on Blackwell the grouped GEMM stores D's rows with TMA: out must be 16-byte aligned "
+                             "with rows of a multiple of 16 bytes")
+        return _kernel_for("grouped_gemm", device, {"out_dtype": out_dtype}, k, pointers, BLACKWELL_TILE)
     if tma_ok and rows_per_group >= TMA_MIN_ROWS_PER_GROUP["along K" if along_k else "along M"]:
         return _kernel_for("grouped_gemm", device, {"out_dtype": out_dtype}, k, pointers, TMA_TILE)
     tile = "64x128x64" if rows_per_group <= 64 else "128x128x64"

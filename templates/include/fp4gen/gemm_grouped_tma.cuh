@@ -36,6 +36,7 @@
 #include "fp4gen/bilateral_epilogue.hpp"
 #include "fp4gen/cutlass_run.hpp"
 #include "fp4gen/gemm_fused_wgmma.cuh"
+#include "fp4gen/gemm_grouped_arguments.cuh"
 #include "fp4gen/gemm_grouped_wgmma.cuh"
 
 namespace fp4gen {
@@ -73,7 +74,8 @@ struct TmaGroupedBilateralGemm {
   using StrideC = typename Kernel::InternalStrideC;
   using StrideD = typename Kernel::InternalStrideD;
 
-  // The per-group arguments, written on the device (grouped_tma::arguments_kernel) into the workspace.
+  // The per-group arguments, written on the device (grouped_args::arguments_kernel, through write_group) into
+  // the workspace.
   struct Arrays {
     Shape* shapes;
     const ElementAB** a;
@@ -121,6 +123,36 @@ struct TmaGroupedBilateralGemm {
     return bytes;
   }
 
+  // Writes group g's arguments, given its span [begin, end) along M (rows of A, C, D) or K (elements).
+  __device__ static void write_group(const grouped_args::Problem& p, const Arrays& arrays, int64_t g, int64_t begin,
+                                     int64_t end, const ElementAB* a_half, const ElementAB* b_half) {
+    const auto* c = static_cast<const ElementD*>(p.c);
+    auto* d = static_cast<ElementD*>(p.d);
+    int64_t row0 = 0;  // the group's first row of A, C and D (along K: every group has all M rows)
+    if (p.along_k) {
+      // whole 64-element k-tiles of the padded columnwise copies, never past K (TMA zero-fills a tile's rest);
+      // a group without any gets no rows, and zero_empty_kernel its output
+      const int64_t k_tiles = (end - begin + fused_gemm::kTileK - 1) / fused_gemm::kTileK;
+      const int64_t k_extent = k_tiles * fused_gemm::kTileK < p.k - begin ? k_tiles * fused_gemm::kTileK : p.k - begin;
+      arrays.shapes[g] = Shape(k_tiles > 0 ? static_cast<int>(p.m) : 0, static_cast<int>(p.n), static_cast<int>(k_extent));
+      arrays.a[g] = a_half + begin, arrays.b[g] = b_half + begin;
+    } else {
+      row0 = begin;
+      arrays.shapes[g] = Shape(static_cast<int>(end - begin), static_cast<int>(p.n), static_cast<int>(p.k));
+      arrays.a[g] = a_half + begin * p.k, arrays.b[g] = b_half + g * p.n * p.k;
+    }
+    arrays.stride_a[g] = cute::make_stride(p.k, cute::Int<1>{}, cute::Int<0>{});
+    arrays.stride_b[g] = cute::make_stride(p.k, cute::Int<1>{}, cute::Int<0>{});
+    arrays.c[g] = c != nullptr ? c + g * p.c_group_stride + row0 * p.ldc : nullptr;
+    arrays.d[g] = d + g * p.d_group_stride + row0 * p.ldd;
+    arrays.stride_c[g] = cute::make_stride(p.ldc, cute::Int<1>{}, cute::Int<0>{});
+    arrays.stride_d[g] = cute::make_stride(p.ldd, cute::Int<1>{}, cute::Int<0>{});
+    // the packed kernels index a row amax vector by A's row, CUTLASS by the group's
+    arrays.row_amax[g] = p.row_amax + g * p.row_amax_group_stride + (p.row_is_vector ? row0 : 0);
+    arrays.col_amax[g] = p.col_amax + g * p.col_amax_group_stride;
+    arrays.bias[g] = p.bias != nullptr ? p.bias + g * p.bias_group_stride : nullptr;
+  }
+
   static typename Gemm::Arguments arguments(const Arrays& arrays, int64_t groups, bool with_c, bool with_bias,
                                             float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector,
                                             int device, int multiprocessors) {
@@ -144,95 +176,6 @@ namespace grouped_tma {
 // 2^28: the two fp16 operands' 2^-14 factors (fused_gemm::decode8), undone through alpha
 constexpr float kAlphaUnscale = 268435456.0f;
 
-// What the arguments kernel needs to know of the call.
-struct Problem {
-  const void* c;
-  void* d;
-  const float *row_amax, *col_amax, *bias;
-  int64_t m, n, k, ldc, ldd, row_is_vector;
-  const int64_t* offsets;
-  int64_t groups;
-  bool along_k;
-  int64_t c_group_stride, d_group_stride, row_amax_group_stride, col_amax_group_stride, bias_group_stride;
-};
-
-// Writes group g's arguments, given its span [begin, end) along M (rows of A, C, D) or K (elements).
-template <class G>
-__device__ __forceinline__ void write_group(const Problem& p, const typename G::Arrays& arrays,
-                                            const typename G::ElementAB* a_half, const typename G::ElementAB* b_half,
-                                            int64_t g, int64_t begin, int64_t end) {
-  using ElementD = typename G::ElementD;
-  const auto* c = static_cast<const ElementD*>(p.c);
-  auto* d = static_cast<ElementD*>(p.d);
-  int64_t row0 = 0;  // the group's first row of A, C and D (along K: every group has all M rows)
-  if (p.along_k) {
-    // whole 64-element k-tiles of the padded columnwise copies, never past K (TMA zero-fills a tile's rest);
-    // a group without any gets no rows, and zero_empty_kernel its output
-    const int64_t k_tiles = (end - begin + fused_gemm::kTileK - 1) / fused_gemm::kTileK;
-    const int64_t k_extent = k_tiles * fused_gemm::kTileK < p.k - begin ? k_tiles * fused_gemm::kTileK : p.k - begin;
-    arrays.shapes[g] = typename G::Shape(k_tiles > 0 ? static_cast<int>(p.m) : 0, static_cast<int>(p.n),
-                                         static_cast<int>(k_extent));
-    arrays.a[g] = a_half + begin, arrays.b[g] = b_half + begin;
-  } else {
-    row0 = begin;
-    arrays.shapes[g] = typename G::Shape(static_cast<int>(end - begin), static_cast<int>(p.n), static_cast<int>(p.k));
-    arrays.a[g] = a_half + begin * p.k, arrays.b[g] = b_half + g * p.n * p.k;
-  }
-  arrays.stride_a[g] = cute::make_stride(p.k, cute::Int<1>{}, cute::Int<0>{});
-  arrays.stride_b[g] = cute::make_stride(p.k, cute::Int<1>{}, cute::Int<0>{});
-  arrays.c[g] = c != nullptr ? c + g * p.c_group_stride + row0 * p.ldc : nullptr;
-  arrays.d[g] = d + g * p.d_group_stride + row0 * p.ldd;
-  arrays.stride_c[g] = cute::make_stride(p.ldc, cute::Int<1>{}, cute::Int<0>{});
-  arrays.stride_d[g] = cute::make_stride(p.ldd, cute::Int<1>{}, cute::Int<0>{});
-  // the packed kernels index a row amax vector by A's row, CUTLASS by the group's
-  arrays.row_amax[g] = p.row_amax + g * p.row_amax_group_stride + (p.row_is_vector ? row0 : 0);
-  arrays.col_amax[g] = p.col_amax + g * p.col_amax_group_stride;
-  arrays.bias[g] = p.bias != nullptr ? p.bias + g * p.bias_group_stride : nullptr;
-}
-
-// One warp, 32 groups at a time: the groups' spans are the offsets clamped in order into [0, limit] (a running
-// maximum, as grouped_wgmma::row_tiles_kernel clamps them: spans never overlap or leave the operand).
-template <class G>
-__global__ void __launch_bounds__(32) arguments_kernel(const Problem p, const typename G::Arrays arrays,
-                                                       const typename G::ElementAB* a_half,
-                                                       const typename G::ElementAB* b_half) {
-  const int64_t limit = p.along_k ? p.k : p.m;
-  int64_t carry_end = 0;
-  for (int64_t base = 0; base < p.groups; base += 32) {
-    const int64_t g = base + threadIdx.x;
-    const bool in = g < p.groups;
-    const int64_t offset = in ? p.offsets[g] : 0;
-    int64_t end = offset > limit ? limit : offset;
-#pragma unroll
-    for (int shift = 1; shift < 32; shift *= 2) {
-      const int64_t other = __shfl_up_sync(0xFFFFFFFFu, end, shift);
-      if (static_cast<int>(threadIdx.x) >= shift && other > end) end = other;
-    }
-    if (end < carry_end) end = carry_end;
-    int64_t begin = __shfl_up_sync(0xFFFFFFFFu, end, 1);
-    if (threadIdx.x == 0) begin = carry_end;
-    if (in) write_group<G>(p, arrays, a_half, b_half, g, begin, end);
-    carry_end = __shfl_sync(0xFFFFFFFFu, end, 31);
-  }
-}
-
-// Along K: the [M, N] output of every group without k-tiles (no rows in its shape), beta * C, as the packed
-// kernel leaves it.
-template <class G>
-__global__ void zero_empty_kernel(const Problem p, const typename G::Shape* shapes, float beta) {
-  using ElementD = typename G::ElementD;
-  const int64_t g = blockIdx.y;
-  if (cute::get<0>(shapes[g]) != 0) return;
-  const auto* c = static_cast<const ElementD*>(p.c);
-  auto* d = static_cast<ElementD*>(p.d) + g * p.d_group_stride;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.m * p.n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / p.n, col = i - row * p.n;
-    const float value = beta != 0.0f ? beta * static_cast<float>(c[g * p.c_group_stride + row * p.ldc + col]) : 0.0f;
-    d[row * p.ldd + col] = static_cast<ElementD>(value);
-  }
-}
-
 // The workspace: A's fp16 copy, B's, the per-group arrays, then CUTLASS's own, each at a 256-byte boundary.
 struct WorkspaceLayout {
   size_t a_half, b_half, arrays, cutlass, total;
@@ -251,24 +194,13 @@ WorkspaceLayout workspace_layout(int64_t m, int64_t n, int64_t k, int64_t groups
   return w;
 }
 
-inline int current_device() {
-  int device = 0;
-  cudaGetDevice(&device);
-  return device;
-}
-
-inline int multiprocessors(int device) {
-  int count = 0;
-  cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-  return count;
-}
-
 template <class G>
 typename G::Gemm::Arguments gemm_arguments(uint8_t* arrays_base, int64_t groups, const void* c, const float* bias,
                                            float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector) {
-  const int device = current_device();
+  const int device = grouped_args::current_device();
   return G::arguments(G::arrays_at(arrays_base, groups), groups, c != nullptr && beta != 0.0f, bias != nullptr,
-                      alpha * kAlphaUnscale, beta, row_is_vector, col_is_vector, device, multiprocessors(device));
+                      alpha * kAlphaUnscale, beta, row_is_vector, col_is_vector, device,
+                      grouped_args::multiprocessors(device));
 }
 
 }  // namespace grouped_tma
@@ -319,15 +251,15 @@ int grouped_tma_run(FP4GEN_GROUPED_GEMM_PARAMS, cudaStream_t stream) {
     fused_wgmma::dequantize_stacked_rows(b_codes, b_scale, ldb, ldb_scale, groups, n, b_group_stride,
                                          b_scale_group_stride, k, b_half, stream);
   }
-  const grouped_tma::Problem problem{c, d, row_amax, col_amax, bias, m, n, k, ldc, ldd, row_is_vector, offsets,
+  const grouped_args::Problem problem{c, d, row_amax, col_amax, bias, m, n, k, ldc, ldd, row_is_vector, offsets,
                                       groups, along_k != 0, c_group_stride, d_group_stride, row_amax_group_stride,
                                       col_amax_group_stride, bias_group_stride};
   const typename G::Arrays arrays = G::arrays_at(base + layout.arrays, groups);
-  grouped_tma::arguments_kernel<G><<<1, 32, 0, stream>>>(problem, arrays, reinterpret_cast<const ElementAB*>(a_half),
-                                                           reinterpret_cast<const ElementAB*>(b_half));
+  grouped_args::arguments_kernel<G><<<1, 32, 0, stream>>>(problem, arrays, reinterpret_cast<const ElementAB*>(a_half),
+                                                            reinterpret_cast<const ElementAB*>(b_half));
   if (along_k) {
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((m * n + 255) / 256, 1024)), static_cast<unsigned>(groups));
-    grouped_tma::zero_empty_kernel<G><<<grid, 256, 0, stream>>>(problem, arrays.shapes, beta);
+    grouped_args::zero_empty_kernel<G><<<grid, 256, 0, stream>>>(problem, arrays.shapes, beta);
   }
   if (const int launched = launch_status(); launched != kOk) return launched;
   return cutlass_run<typename G::Gemm>(
