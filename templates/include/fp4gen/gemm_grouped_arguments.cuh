@@ -1,11 +1,22 @@
-// The per-group arguments of the CUTLASS grouped GEMMs (gemm_grouped_tma.cuh, gemm_grouped_sm100.cuh), written on
-// the device from the group offsets, and what those kernels leave to others: the outputs of groups along K
-// without k-tiles. A family's G supplies Shape, ElementD, Arrays (with `shapes`) and write_group.
+// What the CUTLASS grouped GEMM families (gemm_grouped_tma.cuh, gemm_grouped_sm100.cuh) share behind the grouped
+// C ABI of gemm_grouped_wgmma.cuh: the per-group arguments written on the device from the group offsets, the
+// outputs of groups along K without k-tiles (which CUTLASS would leave unset), the workspace, the rules and the
+// launch sequence. A family's G supplies:
+//   Gemm, Shape, ElementD, kAlignCD, Arrays (with `shapes`), arrays_at(base, groups, &bytes), arguments(...);
+//   kAlphaUnscale, what alpha is multiplied by (its operands' own scaling);
+//   operand_bytes(m, n, k, groups, along_k), the workspace its operands need (fp16 copies, swizzled scales);
+//   prepare(problem, arrays, operands, stream), which fills that area and launches arguments_kernel;
+//   write_group(problem, arrays, g, begin, end, extra...), which arguments_kernel calls for each group.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include <cute/tensor.hpp>
+
+#include "fp4gen/abi.h"
+#include "fp4gen/cutlass_run.hpp"
+#include "fp4gen/gemm_grouped_wgmma.cuh"
 
 namespace fp4gen {
 namespace grouped_args {
@@ -77,5 +88,95 @@ inline int multiprocessors(int device) {
   return count;
 }
 
+// The operands as the C ABI passes them (bytes and byte strides), and the family's area of the workspace.
+struct Operands {
+  const uint8_t *a_codes, *a_scale, *b_codes, *b_scale;
+  int64_t lda, lda_scale, ldb, ldb_scale, b_group_stride, b_scale_group_stride;
+  uint8_t* area;
+};
+
+constexpr size_t round_to_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+template <class G>
+typename G::Gemm::Arguments gemm_arguments(uint8_t* arrays_base, int64_t groups, const void* c, const float* bias,
+                                           float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector) {
+  const int device = current_device();
+  return G::arguments(G::arrays_at(arrays_base, groups), groups, c != nullptr && beta != 0.0f, bias != nullptr,
+                      alpha * G::kAlphaUnscale, beta, row_is_vector, col_is_vector, device, multiprocessors(device));
+}
+
+// The workspace: the family's operand area, the per-group arrays, then CUTLASS's own (which depends on the group
+// count and the device, not on the pointers), each at a 256-byte boundary.
+struct WorkspaceLayout {
+  size_t arrays, cutlass, total;
+};
+
+template <class G>
+WorkspaceLayout workspace_layout(int64_t m, int64_t n, int64_t k, int64_t groups, bool along_k, const void* c,
+                                 const float* bias, float alpha, float beta, int64_t row_is_vector,
+                                 int64_t col_is_vector) {
+  size_t arrays_bytes = 0;
+  G::arrays_at(nullptr, groups, &arrays_bytes);
+  WorkspaceLayout w;
+  w.arrays = round_to_256(G::operand_bytes(m, n, k, groups, along_k));
+  w.cutlass = w.arrays + round_to_256(arrays_bytes);
+  w.total = w.cutlass + G::Gemm::get_workspace_size(gemm_arguments<G>(nullptr, groups, c, bias, alpha, beta,
+                                                                      row_is_vector, col_is_vector));
+  return w;
+}
+
 }  // namespace grouped_args
+
+template <class G>
+size_t grouped_cutlass_workspace_size(FP4GEN_GROUPED_GEMM_PARAMS) {
+  (void)a_codes, (void)a_scale, (void)b_codes, (void)b_scale, (void)d, (void)row_amax, (void)col_amax;
+  (void)lda, (void)lda_scale, (void)ldb, (void)ldb_scale, (void)ldc, (void)ldd, (void)offsets, (void)b_group_stride;
+  (void)b_scale_group_stride, (void)c_group_stride, (void)d_group_stride, (void)row_amax_group_stride;
+  (void)col_amax_group_stride, (void)bias_group_stride, (void)workspace;
+  if (m <= 0 || n <= 0 || groups <= 0) return 0;
+  return grouped_args::workspace_layout<G>(m, n, k, groups, along_k != 0, c, bias, alpha, beta, row_is_vector,
+                                           col_is_vector)
+      .total;
+}
+
+template <class G>
+int grouped_cutlass_can_implement(FP4GEN_GROUPED_GEMM_PARAMS) {
+  const int status = grouped_gemm_status(FP4GEN_GROUPED_GEMM_ARGS);
+  if (status != kOk) return status;
+  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return kInvalidProblem;  // CUTLASS's int shapes
+  // TMA: 16-byte aligned rows of D and C at every group's first row, and of D's and C's bases
+  if (!aligned(d, 16) || !aligned(c, 16) || !aligned(bias, 16)) return kMisaligned;
+  for (const int64_t stride : {ldd, ldc, c_group_stride, d_group_stride})
+    if (stride % G::kAlignCD != 0) return kMisaligned;
+  // a thread's accumulator rows are not adjacent, so the row-amax node loads element by element: a group's amaxes
+  // may start anywhere (the GPU tests' routings start groups at odd rows)
+  return kOk;
+}
+
+// The family's operand preparation and per-group arguments, the outputs of empty groups along K, then CUTLASS.
+template <class G>
+int grouped_cutlass_run(FP4GEN_GROUPED_GEMM_PARAMS, cudaStream_t stream) {
+  const int status = grouped_cutlass_can_implement<G>(FP4GEN_GROUPED_GEMM_ARGS);
+  if (status != kOk) return status;
+  if (m == 0 || n == 0) return kOk;
+  const grouped_args::WorkspaceLayout layout = grouped_args::workspace_layout<G>(
+      m, n, k, groups, along_k != 0, c, bias, alpha, beta, row_is_vector, col_is_vector);
+  uint8_t* const base = static_cast<uint8_t*>(workspace);
+  const grouped_args::Problem problem{c, d, row_amax, col_amax, bias, m, n, k, ldc, ldd, row_is_vector, offsets,
+                                      groups, along_k != 0, c_group_stride, d_group_stride, row_amax_group_stride,
+                                      col_amax_group_stride, bias_group_stride};
+  const grouped_args::Operands operands{a_codes, a_scale, b_codes, b_scale, lda, lda_scale, ldb, ldb_scale,
+                                        b_group_stride, b_scale_group_stride, base};
+  const typename G::Arrays arrays = G::arrays_at(base + layout.arrays, groups);
+  if (const int prepared = G::prepare(problem, arrays, operands, stream); prepared != kOk) return prepared;
+  if (along_k) {
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((m * n + 255) / 256, 1024)), static_cast<unsigned>(groups));
+    grouped_args::zero_empty_kernel<G><<<grid, 256, 0, stream>>>(problem, arrays.shapes, beta);
+  }
+  if (const int launched = launch_status(); launched != kOk) return launched;
+  return cutlass_run<typename G::Gemm>(grouped_args::gemm_arguments<G>(base + layout.arrays, groups, c, bias, alpha,
+                                                                       beta, row_is_vector, col_is_vector),
+                                       base + layout.cutlass, stream);
+}
+
 }  // namespace fp4gen

@@ -35,20 +35,11 @@
 
 #include "fp4gen/abi.h"
 #include "fp4gen/bilateral_epilogue.hpp"
-#include "fp4gen/cutlass_run.hpp"
 #include "fp4gen/gemm_grouped_arguments.cuh"
-#include "fp4gen/gemm_grouped_wgmma.cuh"
 
 namespace fp4gen {
 
 namespace grouped_sm100 {
-
-// The operands as the C ABI passes them (bytes and byte strides), and the scale workspace.
-struct Operands {
-  const uint8_t *a_codes, *a_scale, *b_codes, *b_scale;
-  int64_t lda, lda_scale, ldb, ldb_scale, b_group_stride, b_scale_group_stride;
-  uint8_t *sfa, *sfb;  // the swizzled scales' areas in the workspace
-};
 
 // One group's scales of one operand, to copy: `rows` rows of `blocks` scales from `src` (row stride ld bytes) into
 // the swizzled layout at `dst`.
@@ -128,7 +119,7 @@ struct Sm100GroupedBilateralGemm {
   static Arrays arrays_at(uint8_t* base, int64_t groups, size_t* bytes = nullptr) {
     size_t used = 0;
     auto take = [&](size_t per_group) {
-      // integer arithmetic: arrays_bytes sizes the layout from a null base
+      // integer arithmetic: the workspace layout is sized from a null base
       uint8_t* const at = reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(base) + used);
       used += (per_group * static_cast<size_t>(groups) + 15) / 16 * 16;
       return at;
@@ -155,26 +146,28 @@ struct Sm100GroupedBilateralGemm {
     if (bytes != nullptr) *bytes = used;
     return r;
   }
-  static size_t arrays_bytes(int64_t groups) {
-    size_t bytes = 0;
-    arrays_at(nullptr, groups, &bytes);
-    return bytes;
-  }
-
-  // Bytes of the two scale areas (see the file's comment for the places).
-  static size_t sfa_bytes(int64_t m, int64_t k, int64_t groups, bool along_k) {
+  // The operand area: A's swizzled scales, then (at a 256-byte boundary) B's; see the file's comment for the places.
+  __host__ __device__ static size_t sfa_bytes(int64_t m, int64_t k, int64_t groups, bool along_k) {
     using grouped_sm100::round_up;
     return static_cast<size_t>(along_k ? round_up(m, 128) * (k / 16) : (m + 256 * groups + 128) * (k / 16));
   }
-  static size_t sfb_bytes(int64_t n, int64_t k, int64_t groups, bool along_k) {
+  static size_t operand_bytes(int64_t m, int64_t n, int64_t k, int64_t groups, bool along_k) {
     using grouped_sm100::round_up;
-    return static_cast<size_t>((along_k ? 1 : groups) * round_up(n, 128) * (k / 16));
+    return grouped_args::round_to_256(sfa_bytes(m, k, groups, along_k)) +
+           static_cast<size_t>((along_k ? 1 : groups) * round_up(n, 128) * (k / 16));
   }
+  static constexpr float kAlphaUnscale = 1.0f;  // the MMA multiplies the block-scaled values themselves
+
+  // The zeroed scale areas, the per-group arguments, then each group's scales swizzled into them.
+  static int prepare(const grouped_args::Problem& p, const Arrays& arrays, const grouped_args::Operands& o,
+                     cudaStream_t stream);
 
   // Writes group g's arguments, given its span [begin, end) along M (rows of A, C, D) or K (elements).
   __device__ static void write_group(const grouped_args::Problem& p, const Arrays& arrays, int64_t g, int64_t begin,
-                                     int64_t end, const grouped_sm100::Operands o) {
+                                     int64_t end, const grouped_args::Operands o) {
     using grouped_sm100::round_up;
+    uint8_t* const sfa = o.area;
+    uint8_t* const sfb = o.area + grouped_args::round_to_256(sfa_bytes(p.m, p.k, p.groups, p.along_k));
     const auto* c = static_cast<const ElementD*>(p.c);
     auto* d = static_cast<ElementD*>(p.d);
     int64_t row0 = 0, k_extent = p.k;  // the group's first row of A, C and D; its K
@@ -186,8 +179,8 @@ struct Sm100GroupedBilateralGemm {
       arrays.shapes[g] = Shape(k_tiles > 0 ? static_cast<int>(p.m) : 0, static_cast<int>(p.n), static_cast<int>(k_extent));
       arrays.a[g] = reinterpret_cast<const CodeA*>(o.a_codes + begin / 2);
       arrays.b[g] = reinterpret_cast<const CodeB*>(o.b_codes + begin / 2);
-      copy_a = {o.a_scale + begin / 16, o.lda_scale, p.m, k_extent / 16, o.sfa + round_up(p.m, 128) * (begin / 16)};
-      copy_b = {o.b_scale + begin / 16, o.ldb_scale, p.n, k_extent / 16, o.sfb + round_up(p.n, 128) * (begin / 16)};
+      copy_a = {o.a_scale + begin / 16, o.lda_scale, p.m, k_extent / 16, sfa + round_up(p.m, 128) * (begin / 16)};
+      copy_b = {o.b_scale + begin / 16, o.ldb_scale, p.n, k_extent / 16, sfb + round_up(p.n, 128) * (begin / 16)};
       if (k_tiles == 0) copy_a.rows = copy_b.rows = 0;
     } else {
       row0 = begin;
@@ -195,9 +188,9 @@ struct Sm100GroupedBilateralGemm {
       arrays.a[g] = reinterpret_cast<const CodeA*>(o.a_codes + begin * o.lda);
       arrays.b[g] = reinterpret_cast<const CodeB*>(o.b_codes + g * o.b_group_stride);
       copy_a = {o.a_scale + begin * o.lda_scale, o.lda_scale, end - begin, p.k / 16,
-                o.sfa + round_up(begin + 256 * g, 128) * (p.k / 16)};
+                sfa + round_up(begin + 256 * g, 128) * (p.k / 16)};
       copy_b = {o.b_scale + g * o.b_scale_group_stride, o.ldb_scale, p.n, p.k / 16,
-                o.sfb + g * round_up(p.n, 128) * (p.k / 16)};
+                sfb + g * round_up(p.n, 128) * (p.k / 16)};
     }
     const auto shape = cute::make_shape(static_cast<int>(cute::get<0>(arrays.shapes[g])), static_cast<int>(p.n),
                                         static_cast<int>(k_extent), 1);
@@ -258,88 +251,21 @@ __global__ void swizzle_scales_kernel(const typename G::Arrays arrays) {
   }
 }
 
-// The workspace: the two scale areas, the per-group arrays, then CUTLASS's own, each at a 256-byte boundary.
-struct WorkspaceLayout {
-  size_t sfa, sfb, arrays, cutlass, total;
-};
-
-template <class G>
-WorkspaceLayout workspace_layout(int64_t m, int64_t n, int64_t k, int64_t groups, bool along_k, size_t cutlass_bytes) {
-  auto round = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
-  WorkspaceLayout w;
-  w.sfa = 0;
-  w.sfb = round(G::sfa_bytes(m, k, groups, along_k));
-  w.arrays = w.sfb + round(G::sfb_bytes(n, k, groups, along_k));
-  w.cutlass = w.arrays + round(G::arrays_bytes(groups));
-  w.total = w.cutlass + cutlass_bytes;
-  return w;
-}
-
-template <class G>
-typename G::Gemm::Arguments gemm_arguments(uint8_t* arrays_base, int64_t groups, const void* c, const float* bias,
-                                           float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector) {
-  const int device = grouped_args::current_device();
-  return G::arguments(G::arrays_at(arrays_base, groups), groups, c != nullptr && beta != 0.0f, bias != nullptr, alpha,
-                      beta, row_is_vector, col_is_vector, device, grouped_args::multiprocessors(device));
-}
-
 }  // namespace grouped_sm100
 
-template <class G>
-size_t grouped_sm100_workspace_size(FP4GEN_GROUPED_GEMM_PARAMS) {
-  (void)a_codes, (void)a_scale, (void)b_codes, (void)b_scale, (void)d, (void)row_amax, (void)col_amax;
-  (void)lda, (void)lda_scale, (void)ldb, (void)ldb_scale, (void)ldc, (void)ldd, (void)offsets, (void)b_group_stride;
-  (void)b_scale_group_stride, (void)c_group_stride, (void)d_group_stride, (void)row_amax_group_stride;
-  (void)col_amax_group_stride, (void)bias_group_stride, (void)workspace;
-  if (m <= 0 || n <= 0 || groups <= 0) return 0;
-  const size_t cutlass_bytes = G::Gemm::get_workspace_size(grouped_sm100::gemm_arguments<G>(
-      nullptr, groups, c, bias, alpha, beta, row_is_vector, col_is_vector));
-  return grouped_sm100::workspace_layout<G>(m, n, k, groups, along_k != 0, cutlass_bytes).total;
-}
-
-template <class G>
-int grouped_sm100_can_implement(FP4GEN_GROUPED_GEMM_PARAMS) {
-  const int status = grouped_gemm_status(FP4GEN_GROUPED_GEMM_ARGS);
-  if (status != kOk) return status;
-  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return kInvalidProblem;  // CUTLASS's int shapes
-  // TMA: 16-byte aligned rows of D and C at every group's first row, and of D's and C's bases
-  if (!aligned(d, 16) || !aligned(c, 16) || !aligned(bias, 16)) return kMisaligned;
-  for (const int64_t stride : {ldd, ldc, c_group_stride, d_group_stride})
-    if (stride % G::kAlignCD != 0) return kMisaligned;
+template <class ElementD_, int kTileM, int kTileN, int kTileK>
+int Sm100GroupedBilateralGemm<ElementD_, kTileM, kTileN, kTileK>::prepare(const grouped_args::Problem& p,
+                                                                         const Arrays& arrays,
+                                                                         const grouped_args::Operands& o,
+                                                                         cudaStream_t stream) {
+  if (cudaMemsetAsync(o.area, 0, operand_bytes(p.m, p.n, p.k, p.groups, p.along_k), stream) != cudaSuccess)
+    return launch_status();
+  grouped_args::arguments_kernel<Sm100GroupedBilateralGemm><<<1, 32, 0, stream>>>(p, arrays, o);
+  const int64_t rows = std::max(p.along_k ? p.m : p.m / p.groups + 1, p.n);  // a group's usual rows: the grid
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((rows * (p.k / 16) + 255) / 256, 1024)),
+                  static_cast<unsigned>(p.groups), 2);
+  grouped_sm100::swizzle_scales_kernel<Sm100GroupedBilateralGemm><<<grid, 256, 0, stream>>>(arrays);
   return kOk;
-}
-
-template <class G>
-int grouped_sm100_run(FP4GEN_GROUPED_GEMM_PARAMS, cudaStream_t stream) {
-  const int status = grouped_sm100_can_implement<G>(FP4GEN_GROUPED_GEMM_ARGS);
-  if (status != kOk) return status;
-  if (m == 0 || n == 0) return kOk;
-  const size_t cutlass_bytes = G::Gemm::get_workspace_size(grouped_sm100::gemm_arguments<G>(
-      nullptr, groups, c, bias, alpha, beta, row_is_vector, col_is_vector));
-  const grouped_sm100::WorkspaceLayout layout =
-      grouped_sm100::workspace_layout<G>(m, n, k, groups, along_k != 0, cutlass_bytes);
-  uint8_t* const base = static_cast<uint8_t*>(workspace);
-  if (cudaMemsetAsync(base, 0, layout.arrays, stream) != cudaSuccess) return launch_status();  // both scale areas
-  const grouped_args::Problem problem{c, d, row_amax, col_amax, bias, m, n, k, ldc, ldd, row_is_vector, offsets,
-                                      groups, along_k != 0, c_group_stride, d_group_stride, row_amax_group_stride,
-                                      col_amax_group_stride, bias_group_stride};
-  const grouped_sm100::Operands operands{a_codes, a_scale, b_codes, b_scale, lda, lda_scale, ldb, ldb_scale,
-                                         b_group_stride, b_scale_group_stride, base + layout.sfa, base + layout.sfb};
-  const typename G::Arrays arrays = G::arrays_at(base + layout.arrays, groups);
-  grouped_args::arguments_kernel<G><<<1, 32, 0, stream>>>(problem, arrays, operands);
-  const int64_t rows = std::max(along_k ? m : m / groups + 1, n);  // a group's typical scale rows, to size the grid
-  const dim3 copy_grid(static_cast<unsigned>(std::min<int64_t>((rows * (k / 16) + 255) / 256, 1024)),
-                       static_cast<unsigned>(groups), 2);
-  grouped_sm100::swizzle_scales_kernel<G><<<copy_grid, 256, 0, stream>>>(arrays);
-  if (along_k) {
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((m * n + 255) / 256, 1024)), static_cast<unsigned>(groups));
-    grouped_args::zero_empty_kernel<G><<<grid, 256, 0, stream>>>(problem, arrays.shapes, beta);
-  }
-  if (const int launched = launch_status(); launched != kOk) return launched;
-  return cutlass_run<typename G::Gemm>(
-      grouped_sm100::gemm_arguments<G>(base + layout.arrays, groups, c, bias, alpha, beta, row_is_vector,
-                                       col_is_vector),
-      base + layout.cutlass, stream);
 }
 
 }  // namespace fp4gen

@@ -34,10 +34,8 @@
 
 #include "fp4gen/abi.h"
 #include "fp4gen/bilateral_epilogue.hpp"
-#include "fp4gen/cutlass_run.hpp"
 #include "fp4gen/gemm_fused_wgmma.cuh"
 #include "fp4gen/gemm_grouped_arguments.cuh"
-#include "fp4gen/gemm_grouped_wgmma.cuh"
 
 namespace fp4gen {
 
@@ -96,7 +94,7 @@ struct TmaGroupedBilateralGemm {
   static Arrays arrays_at(uint8_t* base, int64_t groups, size_t* bytes = nullptr) {
     size_t used = 0;
     auto take = [&](size_t per_group) {
-      // integer arithmetic: arrays_bytes sizes the layout from a null base
+      // integer arithmetic: the workspace layout is sized from a null base
       uint8_t* const at = reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(base) + used);
       used += (per_group * static_cast<size_t>(groups) + 15) / 16 * 16;
       return at;
@@ -117,10 +115,30 @@ struct TmaGroupedBilateralGemm {
     if (bytes != nullptr) *bytes = used;
     return r;
   }
-  static size_t arrays_bytes(int64_t groups) {
-    size_t bytes = 0;
-    arrays_at(nullptr, groups, &bytes);
-    return bytes;
+  // 2^28: the two fp16 operands' 2^-14 factors (fused_gemm::decode8), undone through alpha
+  static constexpr float kAlphaUnscale = 268435456.0f;
+
+  // The operand area: A's fp16 copy, then (at a 256-byte boundary) B's.
+  static size_t b_half_offset(int64_t m, int64_t k) { return grouped_args::round_to_256(static_cast<size_t>(m * k) * 2); }
+  static size_t operand_bytes(int64_t m, int64_t n, int64_t k, int64_t groups, bool along_k) {
+    return b_half_offset(m, k) + static_cast<size_t>((along_k ? n : groups * n) * k) * 2;
+  }
+
+  // Both operands' fp16 copies, then the per-group arguments.
+  static int prepare(const grouped_args::Problem& p, const Arrays& arrays, const grouped_args::Operands& o,
+                     cudaStream_t stream) {
+    uint8_t* const a_half = o.area;
+    uint8_t* const b_half = o.area + b_half_offset(p.m, p.k);
+    fused_wgmma::dequantize_rows(o.a_codes, o.a_scale, o.lda, o.lda_scale, p.m, p.k, a_half, stream);
+    if (p.along_k) {
+      fused_wgmma::dequantize_rows(o.b_codes, o.b_scale, o.ldb, o.ldb_scale, p.n, p.k, b_half, stream);
+    } else {
+      fused_wgmma::dequantize_stacked_rows(o.b_codes, o.b_scale, o.ldb, o.ldb_scale, p.groups, p.n, o.b_group_stride,
+                                           o.b_scale_group_stride, p.k, b_half, stream);
+    }
+    grouped_args::arguments_kernel<TmaGroupedBilateralGemm><<<1, 32, 0, stream>>>(
+        p, arrays, reinterpret_cast<const ElementAB*>(a_half), reinterpret_cast<const ElementAB*>(b_half));
+    return kOk;
   }
 
   // Writes group g's arguments, given its span [begin, end) along M (rows of A, C, D) or K (elements).
@@ -170,102 +188,5 @@ struct TmaGroupedBilateralGemm {
     return args;
   }
 };
-
-namespace grouped_tma {
-
-// 2^28: the two fp16 operands' 2^-14 factors (fused_gemm::decode8), undone through alpha
-constexpr float kAlphaUnscale = 268435456.0f;
-
-// The workspace: A's fp16 copy, B's, the per-group arrays, then CUTLASS's own, each at a 256-byte boundary.
-struct WorkspaceLayout {
-  size_t a_half, b_half, arrays, cutlass, total;
-};
-
-template <class G>
-WorkspaceLayout workspace_layout(int64_t m, int64_t n, int64_t k, int64_t groups, bool along_k, size_t cutlass_bytes) {
-  auto round = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
-  const int64_t b_rows = along_k ? n : groups * n;
-  WorkspaceLayout w;
-  w.a_half = 0;
-  w.b_half = round(static_cast<size_t>(m * k) * 2);
-  w.arrays = w.b_half + round(static_cast<size_t>(b_rows * k) * 2);
-  w.cutlass = w.arrays + round(G::arrays_bytes(groups));
-  w.total = w.cutlass + cutlass_bytes;
-  return w;
-}
-
-template <class G>
-typename G::Gemm::Arguments gemm_arguments(uint8_t* arrays_base, int64_t groups, const void* c, const float* bias,
-                                           float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector) {
-  const int device = grouped_args::current_device();
-  return G::arguments(G::arrays_at(arrays_base, groups), groups, c != nullptr && beta != 0.0f, bias != nullptr,
-                      alpha * kAlphaUnscale, beta, row_is_vector, col_is_vector, device,
-                      grouped_args::multiprocessors(device));
-}
-
-}  // namespace grouped_tma
-
-template <class G>
-size_t grouped_tma_workspace_size(FP4GEN_GROUPED_GEMM_PARAMS) {
-  (void)a_codes, (void)a_scale, (void)b_codes, (void)b_scale, (void)d, (void)row_amax, (void)col_amax;
-  (void)lda, (void)lda_scale, (void)ldb, (void)ldb_scale, (void)ldc, (void)ldd, (void)offsets, (void)b_group_stride;
-  (void)b_scale_group_stride, (void)c_group_stride, (void)d_group_stride, (void)row_amax_group_stride;
-  (void)col_amax_group_stride, (void)bias_group_stride, (void)workspace;
-  if (m <= 0 || n <= 0 || groups <= 0) return 0;
-  // CUTLASS's share depends on the group count and the device, not on the pointers (none is read here)
-  const size_t cutlass_bytes = G::Gemm::get_workspace_size(grouped_tma::gemm_arguments<G>(
-      nullptr, groups, c, bias, alpha, beta, row_is_vector, col_is_vector));
-  return grouped_tma::workspace_layout<G>(m, n, k, groups, along_k != 0, cutlass_bytes).total;
-}
-
-template <class G>
-int grouped_tma_can_implement(FP4GEN_GROUPED_GEMM_PARAMS) {
-  const int status = grouped_gemm_status(FP4GEN_GROUPED_GEMM_ARGS);
-  if (status != kOk) return status;
-  if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return kInvalidProblem;  // CUTLASS's int shapes
-  // TMA: 16-byte aligned rows of D and C at every group's first row, and of D's and C's bases
-  if (!aligned(d, 16) || !aligned(c, 16) || !aligned(bias, 16)) return kMisaligned;
-  for (const int64_t stride : {ldd, ldc, c_group_stride, d_group_stride})
-    if (stride % G::kAlignCD != 0) return kMisaligned;
-  // the broadcast nodes read amax vectors with vector loads only where aligned, so no rule for them
-  return kOk;
-}
-
-template <class G>
-int grouped_tma_run(FP4GEN_GROUPED_GEMM_PARAMS, cudaStream_t stream) {
-  using ElementAB = typename G::ElementAB;
-  const int status = grouped_tma_can_implement<G>(FP4GEN_GROUPED_GEMM_ARGS);
-  if (status != kOk) return status;
-  if (m == 0 || n == 0) return kOk;
-  const size_t cutlass_bytes = G::Gemm::get_workspace_size(grouped_tma::gemm_arguments<G>(
-      nullptr, groups, c, bias, alpha, beta, row_is_vector, col_is_vector));
-  const grouped_tma::WorkspaceLayout layout =
-      grouped_tma::workspace_layout<G>(m, n, k, groups, along_k != 0, cutlass_bytes);
-  uint8_t* const base = static_cast<uint8_t*>(workspace);
-  uint8_t* const a_half = base + layout.a_half;
-  uint8_t* const b_half = base + layout.b_half;
-  fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
-  if (along_k) {
-    fused_wgmma::dequantize_rows(b_codes, b_scale, ldb, ldb_scale, n, k, b_half, stream);
-  } else {
-    fused_wgmma::dequantize_stacked_rows(b_codes, b_scale, ldb, ldb_scale, groups, n, b_group_stride,
-                                         b_scale_group_stride, k, b_half, stream);
-  }
-  const grouped_args::Problem problem{c, d, row_amax, col_amax, bias, m, n, k, ldc, ldd, row_is_vector, offsets,
-                                      groups, along_k != 0, c_group_stride, d_group_stride, row_amax_group_stride,
-                                      col_amax_group_stride, bias_group_stride};
-  const typename G::Arrays arrays = G::arrays_at(base + layout.arrays, groups);
-  grouped_args::arguments_kernel<G><<<1, 32, 0, stream>>>(problem, arrays, reinterpret_cast<const ElementAB*>(a_half),
-                                                            reinterpret_cast<const ElementAB*>(b_half));
-  if (along_k) {
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((m * n + 255) / 256, 1024)), static_cast<unsigned>(groups));
-    grouped_args::zero_empty_kernel<G><<<grid, 256, 0, stream>>>(problem, arrays.shapes, beta);
-  }
-  if (const int launched = launch_status(); launched != kOk) return launched;
-  return cutlass_run<typename G::Gemm>(
-      grouped_tma::gemm_arguments<G>(base + layout.arrays, groups, c, bias, alpha, beta, row_is_vector,
-                                      col_is_vector),
-      base + layout.cutlass, stream);
-}
 
 }  // namespace fp4gen
