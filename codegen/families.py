@@ -150,7 +150,8 @@ _STOCHASTIC_EXCLUSION = (
     "gradients in 1x16 blocks (a rowwise block's two lanes share its random words); the quantize_options "
     "kernels take the rest")
 
-# The Hopper GEMMs that read the packed operands (gemm_fused_dequant, gemm_fused_wgmma) share one C ABI.
+# The Hopper GEMMs that read the packed operands (gemm_fused_dequant, gemm_fused_wgmma, gemm_packed_rs) share one
+# C ABI.
 _PACKED_GEMM_PARAMS = (
     Param("a_codes", "const uint8_t*"),  # [M, K/2] packed E2M1, row stride lda bytes
     Param("a_scale", "const uint8_t*"),  # [M, K/16] E4M3, row stride lda_scale bytes
@@ -427,6 +428,21 @@ FAMILIES = {
         axes={
             "out_dtype": _GEMM_OUT_DTYPES,
             "packed_tile": TileTokens(tables.WGMMA_FUSED_GEMM_TILES),
+            "arch": {"sm90a": "sm90a"},
+        },
+        **_PACKED_GEMM_ABI,
+    ),
+    "gemm_packed_rs": Family(
+        name="gemm_packed_rs",
+        op="gemm",
+        description="Hopper D = A @ B.T for small M read from the packed NVFP4 operands: each warp group decodes "
+                    "its rows of B straight into wgmma's register fragments (D^T = B A^T, A's fp16 rows from "
+                    "shared memory), the bilateral amax epilogue",
+        template="gemm_packed_rs.cu.j2",
+        name_prefix="gemm_nvfp4_packedrs",
+        axes={
+            "out_dtype": _GEMM_OUT_DTYPES,
+            "rs_tile": TileTokens(tables.PACKED_RS_TILES),
             "arch": {"sm90a": "sm90a"},
         },
         **_PACKED_GEMM_ABI,

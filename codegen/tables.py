@@ -96,6 +96,14 @@ WGMMA_FUSED_GEMM_TILES = GemmTiles((64, 128), 64, 256, (64,), ("128x256x64", "12
                                           # checks that shared memory holds that many)
                                           "split_ctas_per_multiprocessor": lambda m, n, k: 2 if n <= 128 else 1})
 
+# CTA tiles of the Hopper GEMM for small M that decodes B into wgmma's register fragments (gemm_packed_rs):
+# M rows of A (wgmma N: whole eight-row groups), N = 64 or 128 rows of B (a warp group per 64); two CTAs share
+# a multiprocessor (the kernels' launch bound; gemm_packed_rs.cuh checks their shared memory). packed_rs: the
+# rule ranks them first for small M (select._rank); reads_packed_operands as above.
+PACKED_RS_TILES = GemmTiles((32, 64, 128), 64, 128, (64,), ("128x128x64", "64x128x64", "32x128x64"),
+                            facts={"reads_packed_operands": True, "packed_rs": True,
+                                   "split_ctas_per_multiprocessor": 2})
+
 # Hopper GEMM kernel schedules: two consumer warp groups sharing a tile (cooperative, needs tile M >= 128)
 # or alternating between tiles (pingpong).
 GEMM_SCHEDULES = {"cooperative": {"pingpong": False}, "pingpong": {"pingpong": True}}
@@ -132,6 +140,7 @@ AXIS_TABLES = {
     "mma_tile": SM100_MMA_TILES,
     "fused_tile": FUSED_GEMM_TILES,
     "packed_tile": WGMMA_FUSED_GEMM_TILES,
+    "rs_tile": PACKED_RS_TILES,
     "schedule": GEMM_SCHEDULES,
     "cluster": GEMM_CLUSTERS,
     "rounding": ROUNDINGS,

@@ -21,7 +21,7 @@ SPEC_ERRORS = [
     (GOOD + "tiles: [128]\n", "tiles", ["unknown key 'tiles'", "allowed keys: family, description, axes, exclude"]),
     ("axes:\n  out_dtype: [bf16]\n  arch: [sm90a]\n", "family", ["required key 'family' is missing"]),
     ("family: dequantise\naxes: {out_dtype: [bf16], arch: [sm90a]}\n", "family",
-     ["'dequantise' is not a kernel family", "allowed: amax, amax_hadamard, dequantize, gemm_fused_dequant, gemm_fused_wgmma, gemm_grouped_sm100, gemm_grouped_tma, gemm_grouped_wgmma, gemm_sm100, gemm_sm90, quantize, quantize_grouped, quantize_options"]),
+     ["'dequantise' is not a kernel family", "allowed: amax, amax_hadamard, dequantize, gemm_fused_dequant, gemm_fused_wgmma, gemm_grouped_sm100, gemm_grouped_tma, gemm_grouped_wgmma, gemm_packed_rs, gemm_sm100, gemm_sm90, quantize, quantize_grouped, quantize_options"]),
     ("family: dequantize\naxes: {out_dtype: [bf16], arch: [sm90a], tile: [1]}\n", "axes.tile", ["unknown key 'tile'"]),
     ("family: dequantize\naxes: {out_dtype: [bf16]}\n", "axes.arch", ["required key 'arch' is missing"]),
     ("family: dequantize\naxes: {out_dtype: [], arch: [sm90a]}\n", "axes.out_dtype", ["non-empty list"]),
@@ -194,7 +194,7 @@ def test_a_header_edit_stales_only_the_kernels_that_include_it(tmp_path):
     after = json.loads((project / "generated/manifest.json").read_text())["kernels"]
     changed = {name for name in before if before[name]["headers_sha256"] != after[name]["headers_sha256"]}
     assert changed == {name for name, k in before.items() if k["family"] in ("gemm_fused_dequant", "gemm_fused_wgmma",
-                                                                             "gemm_grouped_wgmma", "gemm_grouped_tma",
+                                                                             "gemm_packed_rs", "gemm_grouped_wgmma", "gemm_grouped_tma",
                                                                              "gemm_grouped_sm100")}
     shared = project / "templates/include/fp4gen/abi.h"  # included by every kernel, through other headers too
     shared.write_text(shared.read_text() + "// changed\n")

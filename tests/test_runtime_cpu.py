@@ -261,12 +261,16 @@ def test_built_hadamard_row_pass_library_checks_problems(name):
 def test_gemm_tile_choice_follows_m():
     def chosen(rows, cols=256):
         return select(_problem(op="gemm", rows=rows, cols=cols, pointers={}), MANIFEST)
+    # up to M = 128 the kernels that decode B into wgmma's registers: the smallest tile of at least 64 rows
+    # that covers M, the widest
+    assert chosen(1).endswith("packedrs_bf16out_t64x128x64_sm90a")
+    assert chosen(64).endswith("packedrs_bf16out_t64x128x64_sm90a")
+    assert chosen(65).endswith("packedrs_bf16out_t128x128x64_sm90a")
+    assert chosen(128).endswith("packedrs_bf16out_t128x128x64_sm90a")
     # up to M = 256 the packed wgmma kernels: the smallest tile that covers M (the tallest when none does),
     # then the narrowest
-    assert chosen(1).endswith("packed_bf16out_t64x128x64_sm90a")
-    assert chosen(64).endswith("packed_bf16out_t64x128x64_sm90a")
-    assert chosen(65).endswith("packed_bf16out_t128x128x64_sm90a")
-    assert chosen(128).endswith("packed_bf16out_t128x128x64_sm90a") and chosen(256).endswith("t128x128x64_sm90a")
+    assert chosen(129).endswith("packed_bf16out_t128x128x64_sm90a")
+    assert chosen(256).endswith("packed_bf16out_t128x128x64_sm90a")
     # beyond, the wgmma tiles over scratch: the tallest no taller than M
     assert chosen(257).endswith("t128x256x64_coop_cl2x1_sm90a") and chosen(8192).endswith("t128x256x64_coop_cl2x1_sm90a")
     # the fused kernels take whole 64-element k-tiles; otherwise small M gets the 64-row wgmma tile
@@ -364,7 +368,8 @@ def test_built_blackwell_gemm_library_checks_problems(name):
 
 
 @needs_build
-@pytest.mark.parametrize("name", _kernels("gemm", "gemm_fused_dequant") + _kernels("gemm", "gemm_fused_wgmma"))
+@pytest.mark.parametrize("name", _kernels("gemm", "gemm_fused_dequant") + _kernels("gemm", "gemm_fused_wgmma")
+                         + _kernels("gemm", "gemm_packed_rs"))
 def test_built_fused_gemm_library_checks_problems(name):
     kernel = library.load_kernel(name)
     m, n, k = 100, 200, 128
@@ -374,7 +379,7 @@ def test_built_fused_gemm_library_checks_problems(name):
     def check(**changes):
         args = _gemm_args(name, **{**ok, **changes})
         return kernel.can_implement(*args), kernel.workspace_size(*args)
-    if MANIFEST["kernels"][name]["family"] == "gemm_fused_wgmma":
+    if MANIFEST["kernels"][name]["family"] in ("gemm_fused_wgmma", "gemm_packed_rs"):
         # A's fp16 copy (M x K x 2 bytes) in the workspace, after the partial sums at a 256-byte boundary
         ok["workspace"] = 0x90000
         assert check() == (0, m * k * 2) and check(bias=0x80004)[0] == 0

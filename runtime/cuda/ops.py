@@ -15,7 +15,7 @@ from ..swizzle import swizzle_scales
 from .library import load_kernel
 from .manifest import load_manifest
 from . import autotune
-from .select import Problem, declared, forced_kernels, select, split_k, viable
+from .select import PACKED_WGMMA_MAX_ROWS, Problem, declared, forced_kernels, select, split_k, viable
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -45,9 +45,11 @@ def _kernel_for(op: str, device: torch.device, dtypes: dict, cols: int = 0, poin
                 rows: int = 0):
     """select() + load_kernel(), memoised on everything that decides the choice: the operation, device (hence
     arch), dtypes and spec values, and the rules' inputs (cols modulo 256, which covers every
-    `cols_multiple_of`; rows up to 256 for the GEMM tile choice; addresses modulo 16). The key keeps the
-    dicts' insertion order, which each call site fixes, so a hit needs no sorting and no Problem."""
-    key = (op, device.index, *dtypes.items(), *(values.items() if values else ()), cols % 256, min(rows, 256))
+    `cols_multiple_of`; rows up to the rule's largest M threshold plus one, so that M = 256 and larger M do not
+    share a plan; addresses modulo 16). The key keeps the dicts' insertion order, which each call site fixes,
+    so a hit needs no sorting and no Problem."""
+    key = (op, device.index, *dtypes.items(), *(values.items() if values else ()), cols % 256,
+           min(rows, PACKED_WGMMA_MAX_ROWS + 1))
     if pointers:
         key += tuple((arg, address % 16) for arg, address in pointers.items())
     kernel = _PLANS.get(key)
@@ -435,6 +437,7 @@ _GEMM_OPERANDS = {
     "gemm_sm100": _blockscaled_operands,
     "gemm_fused_dequant": _packed_operands,
     "gemm_fused_wgmma": _packed_operands,
+    "gemm_packed_rs": _packed_operands,
 }
 
 

@@ -39,12 +39,17 @@ def _rule_violations(kernel: dict, problem: Problem) -> list:
 
 # Up to this M the wgmma kernels that read the packed operands beat the scratch path (H200, bench/RESULTS.md).
 PACKED_WGMMA_MAX_ROWS = 256
+# Up to this M the kernels that decode B into wgmma's register fragments (gemm_packed_rs) beat them (H200,
+# bench/RESULTS.md: M = 16, 64 and 128 with N = K = 8192; at M = 256 they lose).
+PACKED_RS_MAX_ROWS = 128
 
 
 def _rank(kernel: dict, problem: Problem) -> tuple:
-    """Smaller is better. GEMMs: first, up to M = 256, a kernel that reads the packed operands with wgmma
-    (gemm_fused_wgmma, packed_wgmma), so B's codes are read and dequantized once, which is what bounds
-    small-M GEMMs: the smallest tile that covers M (the tallest when none does), then the narrowest.
+    """Smaller is better. GEMMs: first, up to M = 128, a kernel that decodes B into wgmma's register fragments
+    (gemm_packed_rs, packed_rs): the smallest tile that covers M but at least 64 rows, then the widest. Then,
+    up to M = 256, a kernel that reads the packed operands with wgmma (gemm_fused_wgmma, packed_wgmma), so
+    B's codes are read and dequantized once, which is what bounds small-M GEMMs: the smallest tile that covers
+    M (the tallest when none does), then the narrowest.
     Otherwise the wgmma tiles over bf16 scratch: the tallest no taller than M (at least the smallest tile), so
     small M gets 64-row pingpong tiles instead of half-empty 128-row ones; then the widest tile. The other
     packed-operand kernels (the mma.sync ones, gemm_fused_dequant, which measured slower than the wgmma ones
@@ -57,6 +62,9 @@ def _rank(kernel: dict, problem: Problem) -> tuple:
         return (0, 0, 0, 0, kernel["name"])
     if facts.get("reads_packed_operands"):
         rows, covers = problem.rows, problem.rows <= tile_m
+        if facts.get("packed_rs") and rows <= PACKED_RS_MAX_ROWS:
+            covers = max(rows, 64) <= tile_m
+            return (-1, 0 if covers else 1, tile_m if covers else -tile_m, -facts["tile_n"], kernel["name"])
         if facts.get("packed_wgmma") and rows <= PACKED_WGMMA_MAX_ROWS:
             return (0, 0 if covers else 1, tile_m if covers else -tile_m, facts["tile_n"], kernel["name"])
         return (2, 0 if covers else 1, tile_m if covers else -tile_m, facts["tile_n"], kernel["name"])

@@ -139,10 +139,11 @@ def chosen_kernel(a, b, out_dtype):
     return gemm_kernel(a, b, out_dtype)
 
 
-@pytest.mark.parametrize("m,family,tile", [(5, "gemm_fused_wgmma", "t64x128x64"),
-                                           (20, "gemm_fused_wgmma", "t64x128x64"),
-                                           (64, "gemm_fused_wgmma", "t64x128x64"),
-                                           (100, "gemm_fused_wgmma", "t128x128x64")])
+@pytest.mark.parametrize("m,family,tile", [(5, "gemm_packed_rs", "t64x128x64"),
+                                           (20, "gemm_packed_rs", "t64x128x64"),
+                                           (64, "gemm_packed_rs", "t64x128x64"),
+                                           (100, "gemm_packed_rs", "t128x128x64"),
+                                           (200, "gemm_fused_wgmma", "t128x128x64")])
 @pytest.mark.parametrize("n,k", [(1000, 192), (17, 1024), (64, 64)])
 @pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
 def test_packed_gemm_rule_choice_per_m(m, family, tile, n, k, out_dtype, tol):
@@ -222,7 +223,8 @@ def packed_wgmma_kernels(out_dtype):
     from fp4gen.cuda.manifest import load_manifest
     token = {torch.bfloat16: "bf16out", torch.float32: "fp32out"}[out_dtype]
     return sorted(name for name, k in load_manifest()["kernels"].items()
-                  if k["family"] == "gemm_fused_wgmma" and token in name and name.endswith("sm90a"))
+                  if k["family"] in ("gemm_fused_wgmma", "gemm_packed_rs") and token in name
+                  and name.endswith("sm90a"))
 
 
 @pytest.fixture
@@ -242,7 +244,7 @@ def force_kernel(monkeypatch):
                                    (1000, 1000, 1024), (4100, 3000, 2048), (64, 8192, 4096)])
 def test_packed_wgmma_gemm_every_tile(force_kernel, out_dtype, tol, m, n, k):
     names = packed_wgmma_kernels(out_dtype)
-    assert names, "no gemm_fused_wgmma kernel built"
+    assert names, "no gemm_fused_wgmma or gemm_packed_rs kernel built"
     for a_row, b_row in SCALES:
         a, b = operand(m, k, a_row, m + n), operand(n, k, b_row, k + 1)
         ref = dequantize_f64(a) @ dequantize_f64(b).t()

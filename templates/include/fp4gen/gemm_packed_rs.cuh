@@ -1,0 +1,202 @@
+// Hopper NVFP4 GEMM for small M with B dequantized into registers (wgmma with A from registers):
+//     D[i, j] = beta * C[i, j] + (alpha * (row_amax[i or 0] * (col_amax[j or 0] * sum_k A[i, k] B[j, k]))
+//               + bias[j])
+// the problem, parameters, workspace and epilogue of gemm_fused_wgmma.cuh.
+//
+// Why: at small M the GEMM is bound by B, the large operand. gemm_fused_wgmma.cuh dequantizes B's k-tiles into
+// fp16 tiles in shared memory that wgmma then reads, once per warp group: each B element crosses shared
+// memory three times as fp16 (a store, two wgmma reads) besides its codes. Here the CTA computes the tile
+// transposed, D^T = B A^T: each warp group decodes its 64 rows of B straight into wgmma's register fragments
+// (the "A" operand of m64nBMk16, from registers) and only A, the small operand, is read by wgmma from shared
+// memory. B's codes and scales still arrive by cp.async, kStages k-tiles deep, with A's fp16 rows (dequantized
+// once per GEMM into the workspace, as gemm_fused_wgmma.cuh).
+//
+// A tile is BM rows of A (wgmma's N) by BN rows of B (BN / 64 warp groups). The fragment of m64k16 a thread
+// holds is rows lane / 4 and lane / 4 + 8 of its warp's 16, k pairs 2 (lane % 4) and 2 (lane % 4) + 8: in
+// decode8's element order (the order of A's fp16 rows in the workspace, so the dot products are unchanged)
+// those are exactly word (lane % 4) of decode8 applied to the block's first and second code words, so a
+// thread decodes only its quarter of each word.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include <cute/arch/mma_sm90.hpp>
+
+#include "fp4gen/gemm_fused_wgmma.cuh"
+
+namespace fp4gen {
+namespace packed_rs {
+
+using fused_gemm::kCodeBytes;
+using fused_gemm::kHalfRowBytes;
+using fused_gemm::kScaleBytes;
+using fused_gemm::kTileK;
+using fused_gemm::Params;
+using fused_wgmma::kSwizzleBytes;
+
+template <int BM, int BN>
+struct Tile {
+  static_assert(BN % 64 == 0 && BN <= 128, "one warp group per 64 rows of B, at most two");
+  static_assert(BM % 8 == 0 && BM >= 32 && BM <= 256, "wgmma N: whole eight-row swizzle groups of A, up to 256");
+  static constexpr int kWarpGroups = BN / 64;
+  static constexpr int kThreads = 128 * kWarpGroups;
+  static_assert(BM * 8 >= kThreads, "every thread copies at least one 16-byte chunk of A's k-tile");
+  // k-tiles in flight (B's codes and scales, A's fp16 rows): six, or four for 128 rows of A, so that two CTAs
+  // share a multiprocessor
+  static constexpr int kStages = BM >= 128 ? 4 : 6;
+  static constexpr int kCodeStageBytes = BN * (kCodeBytes + kScaleBytes);
+  static constexpr int kASlotBytes = BM * kHalfRowBytes;  // whole 1024-byte groups
+  static constexpr int kSmemBytes = kSwizzleBytes + kStages * (kASlotBytes + kCodeStageBytes);
+};
+
+template <int kCtas, int BM, int BN>
+constexpr bool fits_multiprocessor() {
+  return kCtas >= 1 && kCtas * (Tile<BM, BN>::kSmemBytes + 1024) <= 228 * 1024;
+}
+
+// wgmma m64 x BM x k16, fp16 "A" (here B's rows) from registers, fp16 "B" (A's rows) K-major in shared memory.
+template <int BM>
+using Mma = decltype(cute::SM90::GMMA::rs_op_selector<cute::half_t, cute::half_t, float,
+                                                      cute::Shape<cute::_64, cute::Int<BM>, cute::_16>,
+                                                      cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>());
+
+template <class Op, size_t... I>
+__device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t b, float* acc, std::index_sequence<I...>) {
+  Op::fma(a[0], a[1], a[2], a[3], b, acc[I]..., cute::SM90::GMMA::ScaleOut::One);
+}
+
+// Word `quarter` of decode8(codes) (codes already shifted right by 4 * quarter): two E2M1 values as fp16
+// times 2^-14, then times the block scale (exact: see fused_gemm::scale_pair).
+__device__ __forceinline__ uint32_t decode_pair(uint32_t shifted, __half2 scale) {
+  return fused_gemm::scale_pair(((shifted << 9) & 0x0E000E00u) | ((shifted << 12) & 0x80008000u), scale);
+}
+
+template <int BM, int BN, int kCtas, class OutT>
+__global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(const Params p, const uint8_t* a_half) {
+  using T = Tile<BM, BN>;
+  static_assert(fits_multiprocessor<kCtas, BM, BN>(), "the tile's shared memory does not fit kCtas CTAs");
+  constexpr int kStages = T::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t misalignment = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & (kSwizzleBytes - 1);
+  uint8_t* const a_slots = smem_raw + ((kSwizzleBytes - misalignment) & (kSwizzleBytes - 1));
+  uint8_t* const stages = a_slots + kStages * T::kASlotBytes;  // kStages x [codes BN x 32 | scales BN x 4]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp_group = tid >> 7, warp = (tid >> 5) & 3;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * BM, n0 = static_cast<int64_t>(blockIdx.x) * BN;
+  const int all_k_tiles = static_cast<int>(p.k / kTileK);
+  const int k_first = static_cast<int>(static_cast<int64_t>(all_k_tiles) * blockIdx.z / p.split_k);
+  const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (blockIdx.z + 1) / p.split_k) - k_first;
+
+  fused_gemm::PackedTileLoader<0, BN, T::kThreads> b_loader(p, m0, n0, k_first, tid);  // B's rows only
+  fused_wgmma::HalfTileLoader<BM, T::kThreads> a_loader(a_half, p.m, p.k, m0, k_first, tid);
+  auto stage_k_tile = [&](int stage) {
+    b_loader.load_next(stages + stage * T::kCodeStageBytes, tid);
+    a_loader.load_next(a_slots + stage * T::kASlotBytes);
+  };
+
+  // This thread's rows of B within the CTA's BN (its fragment rows r and r + 8) and its quarter of each word.
+  const int row = warp_group * 64 + warp * 16 + (lane >> 2);
+  const int shift = 4 * (lane & 3);
+  // decodes k-tile `stage`'s four blocks of the thread's two rows into four fragments
+  auto decode_k_tile = [&](int stage, uint32_t (&fragments)[4][4]) {
+    const uint8_t* const codes = stages + stage * T::kCodeStageBytes;
+    const uint8_t* const scales = codes + BN * kCodeBytes;
+    uint4 low[2], high[2];  // rows r and r + 8: 32 bytes of codes each (four blocks of 8)
+    low[0] = reinterpret_cast<const uint4*>(codes + row * kCodeBytes)[0];
+    low[1] = reinterpret_cast<const uint4*>(codes + row * kCodeBytes)[1];
+    high[0] = reinterpret_cast<const uint4*>(codes + (row + 8) * kCodeBytes)[0];
+    high[1] = reinterpret_cast<const uint4*>(codes + (row + 8) * kCodeBytes)[1];
+    const uint32_t low_scales = *reinterpret_cast<const uint32_t*>(scales + row * kScaleBytes);
+    const uint32_t high_scales = *reinterpret_cast<const uint32_t*>(scales + (row + 8) * kScaleBytes);
+#pragma unroll
+    for (int block = 0; block < 4; ++block) {
+      const uint4& l = low[block / 2];
+      const uint4& h = high[block / 2];
+      const uint32_t l0 = block % 2 ? l.z : l.x, l1 = block % 2 ? l.w : l.y;
+      const uint32_t h0 = block % 2 ? h.z : h.x, h1 = block % 2 ? h.w : h.y;
+      const __half2 ls = fused_gemm::e4m3_to_half2((low_scales >> (8 * block)) & 0xFFu);
+      const __half2 hs = fused_gemm::e4m3_to_half2((high_scales >> (8 * block)) & 0xFFu);
+      fragments[block][0] = decode_pair(l0 >> shift, ls);  // row r, k pair 2 (lane % 4)
+      fragments[block][1] = decode_pair(h0 >> shift, hs);  // row r + 8
+      fragments[block][2] = decode_pair(l1 >> shift, ls);  // row r, k pair 2 (lane % 4) + 8
+      fragments[block][3] = decode_pair(h1 >> shift, hs);  // row r + 8
+    }
+  };
+
+  float acc[BM / 2];
+#pragma unroll
+  for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;
+  const uint64_t a_descriptor = fused_wgmma::sw128_descriptor(static_cast<uint32_t>(__cvta_generic_to_shared(a_slots)));
+
+  // One barrier per k-tile. At its top, iteration kt finds k-tile kt landed (every thread waited for its own
+  // copies and fenced them for wgmma) and every warp group done with k-tile kt - 1, so kt - 1's stage takes
+  // k-tile kt + kStages - 1. Then the thread decodes kt and issues its wgmma, and waits for it: ptxas
+  // serializes wgmma whose fragment registers are written while an earlier wgmma is pending (C7513), so
+  // decoding the next k-tile under this one's multiplies does not pay; the other warp groups' wgmma (two a
+  // CTA, and a second CTA where it fits) keep the tensor cores busy meanwhile.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) stage_k_tile(s);
+    cp_async_commit();
+  }
+  uint32_t fragments[4][4];
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of k-tile kt
+    fused_wgmma::fence_async_shared();
+    __syncthreads();
+    if (kt + kStages - 1 < k_tiles) stage_k_tile((kt + kStages - 1) % kStages);
+    cp_async_commit();
+    const int stage = kt % kStages;
+    decode_k_tile(stage, fragments);
+    fused_wgmma::fence_registers(acc);
+    fused_wgmma::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk)
+      wgmma_rs<Mma<BM>>(fragments[kk], a_descriptor + stage * (T::kASlotBytes >> 4) + 2 * kk, acc,
+                        std::make_index_sequence<BM / 2>{});
+    fused_wgmma::wgmma_commit();
+    fused_wgmma::wgmma_wait<0>();
+    fused_wgmma::fence_registers(acc);
+  }
+  fused_wgmma::wgmma_wait<0>();
+  fused_wgmma::fence_registers(acc);
+
+  // acc holds D^T: value i of a thread is B row `row` + 8 * (i / 2 % 2) (D's column) and A row
+  // 8 * (i / 4) + 2 * (lane % 4) + i % 2 (D's row).
+  float* const partials = p.partials + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
+#pragma unroll
+  for (int i = 0; i < BM / 2; ++i) {
+    const int64_t col = n0 + row + 8 * (i / 2 % 2);
+    const int64_t r = m0 + 8 * (i / 4) + 2 * (lane & 3) + i % 2;
+    if (r >= p.m || col >= p.n) continue;
+    const float v = acc[i] * fused_gemm::kAccumulatorUnscale;  // the fp16 operands each carry 2^-14
+    if (p.split_k == 1) {
+      fused_gemm::store_epilogue<OutT>(p, r, col, v);
+    } else {
+      partials[r * p.n + col] = v;
+    }
+  }
+}
+
+}  // namespace packed_rs
+
+template <int BM, int BN, int kCtas, class OutT>
+int packed_rs_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
+  using T = packed_rs::Tile<BM, BN>;
+  constexpr auto kKernel = packed_rs::gemm_kernel<BM, BN, kCtas, OutT>;
+  const int status = fused_wgmma_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
+  if (status != kOk) return status;
+  if (m == 0 || n == 0) return kOk;
+  if (const int opted = opt_in_shared_bytes_here<kKernel>(T::kSmemBytes); opted != kOk) return opted;
+  const fused_gemm::Params params = fused_gemm::make_params(FP4GEN_FUSED_GEMM_ARGS);
+  uint8_t* const a_half = static_cast<uint8_t*>(workspace) + fused_wgmma::half_a_offset(FP4GEN_FUSED_GEMM_ARGS);
+  fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
+  const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
+                  static_cast<unsigned>(split_k));
+  kKernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(params, a_half);
+  if (split_k > 1) fused_gemm::launch_split_k_epilogue<OutT>(params, stream);
+  return launch_status();
+}
+
+}  // namespace fp4gen
