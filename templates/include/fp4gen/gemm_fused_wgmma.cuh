@@ -351,22 +351,30 @@ int fused_wgmma_can_implement(FP4GEN_FUSED_GEMM_PARAMS) {
   return m > 0 && n > 0 && workspace == nullptr ? kInvalidProblem : kOk;
 }
 
-template <int BM, int BN, int kCtas, class OutT>
-int fused_wgmma_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
-  using T = fused_wgmma::Tile<BM, BN>;
-  constexpr auto kKernel = fused_wgmma::gemm_kernel<BM, BN, kCtas, OutT>;
+// Checks the problem and launches a GEMM that reads A's fp16 copy: A dequantized into the workspace, then
+// kKernel (params, A's fp16 rows) over BM x BN tiles with kThreads threads and kSmemBytes of dynamic shared
+// memory, then with split K the kernel that adds the partial sums.
+template <int BM, int BN, class OutT, auto kKernel, int kThreads, int kSmemBytes>
+int launch_half_a_gemm(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   const int status = fused_wgmma_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
-  if (const int opted = opt_in_shared_bytes_here<kKernel>(T::kSmemBytes); opted != kOk) return opted;
+  if (const int opted = opt_in_shared_bytes_here<kKernel>(kSmemBytes); opted != kOk) return opted;
   const fused_gemm::Params params = fused_gemm::make_params(FP4GEN_FUSED_GEMM_ARGS);
   uint8_t* const a_half = static_cast<uint8_t*>(workspace) + fused_wgmma::half_a_offset(FP4GEN_FUSED_GEMM_ARGS);
   fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
                   static_cast<unsigned>(split_k));
-  kKernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(params, a_half);
+  kKernel<<<grid, kThreads, kSmemBytes, stream>>>(params, a_half);
   if (split_k > 1) fused_gemm::launch_split_k_epilogue<OutT>(params, stream);
   return launch_status();
+}
+
+template <int BM, int BN, int kCtas, class OutT>
+int fused_wgmma_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
+  using T = fused_wgmma::Tile<BM, BN>;
+  return launch_half_a_gemm<BM, BN, OutT, fused_wgmma::gemm_kernel<BM, BN, kCtas, OutT>, T::kThreads,
+                            T::kSmemBytes>(FP4GEN_FUSED_GEMM_ARGS, stream);
 }
 
 }  // namespace fp4gen

@@ -184,19 +184,8 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
 template <int BM, int BN, int kCtas, class OutT>
 int packed_rs_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   using T = packed_rs::Tile<BM, BN>;
-  constexpr auto kKernel = packed_rs::gemm_kernel<BM, BN, kCtas, OutT>;
-  const int status = fused_wgmma_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
-  if (status != kOk) return status;
-  if (m == 0 || n == 0) return kOk;
-  if (const int opted = opt_in_shared_bytes_here<kKernel>(T::kSmemBytes); opted != kOk) return opted;
-  const fused_gemm::Params params = fused_gemm::make_params(FP4GEN_FUSED_GEMM_ARGS);
-  uint8_t* const a_half = static_cast<uint8_t*>(workspace) + fused_wgmma::half_a_offset(FP4GEN_FUSED_GEMM_ARGS);
-  fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
-  const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
-                  static_cast<unsigned>(split_k));
-  kKernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(params, a_half);
-  if (split_k > 1) fused_gemm::launch_split_k_epilogue<OutT>(params, stream);
-  return launch_status();
+  return launch_half_a_gemm<BM, BN, OutT, packed_rs::gemm_kernel<BM, BN, kCtas, OutT>, T::kThreads, T::kSmemBytes>(
+      FP4GEN_FUSED_GEMM_ARGS, stream);
 }
 
 }  // namespace fp4gen
