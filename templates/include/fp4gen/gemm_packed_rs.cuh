@@ -5,11 +5,11 @@
 //
 // Why: at small M the GEMM is bound by B, the large operand. gemm_fused_wgmma.cuh dequantizes B's k-tiles into
 // fp16 tiles in shared memory that wgmma then reads, once per warp group: each B element crosses shared
-// memory three times as fp16 (a store, two wgmma reads) besides its codes. Here the CTA computes the tile
-// transposed, D^T = B A^T: each warp group decodes its 64 rows of B straight into wgmma's register fragments
-// (the "A" operand of m64nBMk16, from registers) and only A, the small operand, is read by wgmma from shared
-// memory. B's codes and scales still arrive by cp.async, kStages k-tiles deep, with A's fp16 rows (dequantized
-// once per GEMM into the workspace, as gemm_fused_wgmma.cuh).
+// memory as fp16 two or three times (a store, a wgmma read per warp group) besides its codes. Here the CTA
+// computes the tile transposed, D^T = B A^T: each warp group decodes its 64 rows of B straight into wgmma's
+// register fragments (the "A" operand of m64nBMk16, from registers) and only A, the small operand, is read by
+// wgmma from shared memory. B's codes and scales still arrive by cp.async, kStages k-tiles deep, with A's fp16
+// rows (dequantized once per GEMM into the workspace, as gemm_fused_wgmma.cuh).
 //
 // A tile is BM rows of A (wgmma's N) by BN rows of B (BN / 64 warp groups). The fragment of m64k16 a thread
 // holds is rows lane / 4 and lane / 4 + 8 of its warp's 16, k pairs 2 (lane % 4) and 2 (lane % 4) + 8: in
