@@ -194,8 +194,8 @@ def test_a_header_edit_stales_only_the_kernels_that_include_it(tmp_path):
     after = json.loads((project / "generated/manifest.json").read_text())["kernels"]
     changed = {name for name in before if before[name]["headers_sha256"] != after[name]["headers_sha256"]}
     assert changed == {name for name, k in before.items() if k["family"] in ("gemm_fused_dequant", "gemm_fused_wgmma",
-                                                                             "gemm_packed_rs", "gemm_grouped_wgmma", "gemm_grouped_tma",
-                                                                             "gemm_grouped_sm100")}
+                                                                             "gemm_packed_rs", "gemm_grouped_wgmma",
+                                                                             "gemm_grouped_tma", "gemm_grouped_sm100")}
     shared = project / "templates/include/fp4gen/abi.h"  # included by every kernel, through other headers too
     shared.write_text(shared.read_text() + "// changed\n")
     assert run_build_py(project, "--render-only").returncode == 0

@@ -473,3 +473,21 @@ def test_plan_cache_selects_once_per_kind_of_problem(monkeypatch):
         kernel_for(hopper, data=0x1001)
     assert kernel_for(blackwell) == "dequantize_nvfp4_to_bf16_sm100a"
     assert [p.compute_capability for p in chosen] == [(9, 0), (9, 0), (9, 0), (10, 0)]
+
+
+def test_plan_cache_tells_m_256_from_larger_m(monkeypatch):
+    """A GEMM's plan depends on M up to the rule's largest bound (256): M = 256 after M = 8192 is selected
+    again (the packed kernel, not the scratch path's plan), while two M beyond it share one plan."""
+    from fp4gen.cuda import ops
+
+    monkeypatch.setattr(ops, "_PLANS", {})
+    monkeypatch.setattr(ops, "load_kernel", lambda name: name)
+    monkeypatch.setattr(ops, "_capability", lambda index: (9, 0))
+    device, out_dtype = torch.device("cuda", 0), {"out_dtype": torch.bfloat16}
+
+    def kernel_for(rows):
+        return ops._kernel_for("gemm", device, out_dtype, 8192, {}, rows=rows)
+
+    assert kernel_for(8192).endswith("t128x256x64_coop_cl2x1_sm90a")
+    assert kernel_for(256).endswith("packed_bf16out_t128x128x64_sm90a")
+    assert kernel_for(257) == kernel_for(8192) and len(ops._PLANS) == 2
