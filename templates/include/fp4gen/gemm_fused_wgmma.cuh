@@ -67,9 +67,12 @@ struct Tile {
 // aims at too, passed in by the generated source. The launch bound makes the registers fit that many (for
 // 256 threads and two CTAs, 128 a thread: enough for a 64 x 128 accumulator); shared memory must fit too
 // (228 KB a multiprocessor, 1 KB of each CTA's the system's).
+constexpr bool ctas_fit_multiprocessor(int ctas, int smem_bytes) {
+  return ctas >= 1 && ctas * (smem_bytes + 1024) <= 228 * 1024;
+}
 template <int BM, int BN, int kCtas>
 constexpr bool fits_multiprocessor() {
-  return kCtas >= 1 && kCtas * (Tile<BM, BN>::kSmemBytes + 1024) <= 228 * 1024;
+  return ctas_fit_multiprocessor(kCtas, Tile<BM, BN>::kSmemBytes);
 }
 
 // The wgmma operation m64 x BN x k16, fp16 operands K-major in shared memory, fp32 accumulators.

@@ -97,6 +97,20 @@ struct Operands {
 
 constexpr size_t round_to_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// Lays a family's per-group arrays out one after another from `base`, each at a 16-byte boundary: take(member)
+// points the member at the next array of `groups` elements of its type; `used` is their extent so far. Integer
+// arithmetic: the workspace layout is sized from a null base.
+struct ArrayCarver {
+  uintptr_t base;
+  int64_t groups;
+  size_t used = 0;
+  template <class T>
+  void take(T*& member) {
+    member = reinterpret_cast<T*>(base + used);
+    used += (sizeof(T) * static_cast<size_t>(groups) + 15) / 16 * 16;
+  }
+};
+
 template <class G>
 typename G::Gemm::Arguments gemm_arguments(uint8_t* arrays_base, int64_t groups, const void* c, const float* bias,
                                            float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector) {

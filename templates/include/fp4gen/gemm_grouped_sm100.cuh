@@ -117,33 +117,15 @@ struct Sm100GroupedBilateralGemm {
   // Arrays for `groups` groups from `base`, each array at a 16-byte boundary in the order of the members; `bytes`
   // gets their extent.
   static Arrays arrays_at(uint8_t* base, int64_t groups, size_t* bytes = nullptr) {
-    size_t used = 0;
-    auto take = [&](size_t per_group) {
-      // integer arithmetic: the workspace layout is sized from a null base
-      uint8_t* const at = reinterpret_cast<uint8_t*>(reinterpret_cast<uintptr_t>(base) + used);
-      used += (per_group * static_cast<size_t>(groups) + 15) / 16 * 16;
-      return at;
-    };
+    grouped_args::ArrayCarver carve{reinterpret_cast<uintptr_t>(base), groups};
     Arrays r;
-    r.shapes = reinterpret_cast<Shape*>(take(sizeof(Shape)));
-    r.a = reinterpret_cast<const CodeA**>(take(sizeof(void*)));
-    r.b = reinterpret_cast<const CodeB**>(take(sizeof(void*)));
-    r.sfa = reinterpret_cast<const ElementSF**>(take(sizeof(void*)));
-    r.sfb = reinterpret_cast<const ElementSF**>(take(sizeof(void*)));
-    r.c = reinterpret_cast<const ElementC**>(take(sizeof(void*)));
-    r.d = reinterpret_cast<ElementD**>(take(sizeof(void*)));
-    r.stride_a = reinterpret_cast<StrideA*>(take(sizeof(StrideA)));
-    r.stride_b = reinterpret_cast<StrideB*>(take(sizeof(StrideB)));
-    r.stride_c = reinterpret_cast<StrideC*>(take(sizeof(StrideC)));
-    r.stride_d = reinterpret_cast<StrideD*>(take(sizeof(StrideD)));
-    r.layout_sfa = reinterpret_cast<LayoutSFA*>(take(sizeof(LayoutSFA)));
-    r.layout_sfb = reinterpret_cast<LayoutSFB*>(take(sizeof(LayoutSFB)));
-    r.row_amax = reinterpret_cast<const float**>(take(sizeof(void*)));
-    r.col_amax = reinterpret_cast<const float**>(take(sizeof(void*)));
-    r.bias = reinterpret_cast<const float**>(take(sizeof(void*)));
-    r.copy_a = reinterpret_cast<grouped_sm100::ScaleCopy*>(take(sizeof(grouped_sm100::ScaleCopy)));
-    r.copy_b = reinterpret_cast<grouped_sm100::ScaleCopy*>(take(sizeof(grouped_sm100::ScaleCopy)));
-    if (bytes != nullptr) *bytes = used;
+    carve.take(r.shapes), carve.take(r.a), carve.take(r.b), carve.take(r.sfa), carve.take(r.sfb);
+    carve.take(r.c), carve.take(r.d);
+    carve.take(r.stride_a), carve.take(r.stride_b), carve.take(r.stride_c), carve.take(r.stride_d);
+    carve.take(r.layout_sfa), carve.take(r.layout_sfb);
+    carve.take(r.row_amax), carve.take(r.col_amax), carve.take(r.bias);
+    carve.take(r.copy_a), carve.take(r.copy_b);
+    if (bytes != nullptr) *bytes = carve.used;
     return r;
   }
   // The operand area: A's swizzled scales, then (at a 256-byte boundary) B's; see the file's comment for the places.

@@ -50,11 +50,6 @@ struct Tile {
   static constexpr int kSmemBytes = kSwizzleBytes + kStages * (kASlotBytes + kCodeStageBytes);
 };
 
-template <int kCtas, int BM, int BN>
-constexpr bool fits_multiprocessor() {
-  return kCtas >= 1 && kCtas * (Tile<BM, BN>::kSmemBytes + 1024) <= 228 * 1024;
-}
-
 // wgmma m64 x BM x k16, fp16 "A" (here B's rows) from registers, fp16 "B" (A's rows) K-major in shared memory.
 template <int BM>
 using Mma = decltype(cute::SM90::GMMA::rs_op_selector<cute::half_t, cute::half_t, float,
@@ -75,7 +70,8 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t shifted, __half2 scale)
 template <int BM, int BN, int kCtas, class OutT>
 __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(const Params p, const uint8_t* a_half) {
   using T = Tile<BM, BN>;
-  static_assert(fits_multiprocessor<kCtas, BM, BN>(), "the tile's shared memory does not fit kCtas CTAs");
+  static_assert(fused_wgmma::ctas_fit_multiprocessor(kCtas, T::kSmemBytes),
+                "the tile's shared memory does not fit kCtas CTAs");
   constexpr int kStages = T::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t misalignment = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & (kSwizzleBytes - 1);
