@@ -42,6 +42,9 @@ struct Tile {
   static constexpr int kWarpGroups = BN / 64;
   static constexpr int kThreads = 128 * kWarpGroups;
   static_assert(BM * 8 >= kThreads, "every thread copies at least one 16-byte chunk of A's k-tile");
+  // The mainloop: with 128 rows of A or more each k16 step's wgmma is long enough to hide the next step's
+  // decode behind it (overlapped, below); with 64 the serial loop measured faster on the H200 (bench/RESULTS.md).
+  static constexpr bool kOverlapDecode = BM >= 128;
   // k-tiles in flight (B's codes and scales, A's fp16 rows): six, or four for 128 rows of A, so that two CTAs
   // share a multiprocessor
   static constexpr int kStages = BM >= 128 ? 4 : 6;
@@ -119,41 +122,99 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
       fragments[block][3] = decode_pair(h1 >> shift, hs);  // row r + 8
     }
   };
+  // decodes block `block` of k-tile `stage` (the thread's two rows) into one fragment
+  auto decode_block = [&](int stage, int block, uint32_t (&fragment)[4]) {
+    const uint8_t* const codes = stages + stage * T::kCodeStageBytes + block * 8;
+    const uint8_t* const scales = stages + stage * T::kCodeStageBytes + BN * kCodeBytes + block;
+    const uint2 l = *reinterpret_cast<const uint2*>(codes + row * kCodeBytes);
+    const uint2 h = *reinterpret_cast<const uint2*>(codes + (row + 8) * kCodeBytes);
+    const __half2 ls = fused_gemm::e4m3_to_half2(scales[row * kScaleBytes]);
+    const __half2 hs = fused_gemm::e4m3_to_half2(scales[(row + 8) * kScaleBytes]);
+    fragment[0] = decode_pair(l.x >> shift, ls);  // row r, k pair 2 (lane % 4)
+    fragment[1] = decode_pair(h.x >> shift, hs);  // row r + 8
+    fragment[2] = decode_pair(l.y >> shift, ls);  // row r, k pair 2 (lane % 4) + 8
+    fragment[3] = decode_pair(h.y >> shift, hs);  // row r + 8
+  };
 
   float acc[BM / 2];
 #pragma unroll
   for (int i = 0; i < BM / 2; ++i) acc[i] = 0.0f;
   const uint64_t a_descriptor = fused_wgmma::sw128_descriptor(static_cast<uint32_t>(__cvta_generic_to_shared(a_slots)));
 
-  // One barrier per k-tile. At its top, iteration kt finds k-tile kt landed (every thread waited for its own
-  // copies and fenced them for wgmma) and every warp group done with k-tile kt - 1, so kt - 1's stage takes
-  // k-tile kt + kStages - 1. Then the thread decodes kt and issues its wgmma, and waits for it: ptxas
-  // serializes wgmma whose fragment registers are written while an earlier wgmma is pending (C7513), so
-  // decoding the next k-tile under this one's multiplies does not pay; the other warp groups' wgmma (two a
-  // CTA, and a second CTA where it fits) keep the tensor cores busy meanwhile.
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) stage_k_tile(s);
-    cp_async_commit();
-  }
   uint32_t fragments[4][4];
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<kStages - 2>();  // this thread's copies of k-tile kt
-    fused_wgmma::fence_async_shared();
-    __syncthreads();
-    if (kt + kStages - 1 < k_tiles) stage_k_tile((kt + kStages - 1) % kStages);
-    cp_async_commit();
-    const int stage = kt % kStages;
-    decode_k_tile(stage, fragments);
-    fused_wgmma::fence_registers(acc);
-    fused_wgmma::wgmma_fence();
+  static_assert(!T::kOverlapDecode || kStages >= 3, "the overlapped loop keeps two k-tiles ahead");
+  if constexpr (!T::kOverlapDecode) {
+    // Serial: one barrier per k-tile. At its top, iteration kt finds k-tile kt landed (every thread waited for
+    // its own copies and fenced them for wgmma) and every warp group done with k-tile kt - 1, so kt - 1's stage
+    // takes k-tile kt + kStages - 1. Then the thread decodes kt, issues its four wgmma and waits for them; the
+    // other warp groups' wgmma (two a CTA, and a second CTA) keep the tensor cores busy meanwhile.
 #pragma unroll
-    for (int kk = 0; kk < kTileK / 16; ++kk)
-      wgmma_rs<Mma<BM>>(fragments[kk], a_descriptor + stage * (T::kASlotBytes >> 4) + 2 * kk, acc,
-                        std::make_index_sequence<BM / 2>{});
-    fused_wgmma::wgmma_commit();
-    fused_wgmma::wgmma_wait<0>();
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) stage_k_tile(s);
+      cp_async_commit();
+    }
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cp_async_wait<kStages - 2>();  // this thread's copies of k-tile kt
+      fused_wgmma::fence_async_shared();
+      __syncthreads();
+      if (kt + kStages - 1 < k_tiles) stage_k_tile((kt + kStages - 1) % kStages);
+      cp_async_commit();
+      const int stage = kt % kStages;
+      decode_k_tile(stage, fragments);
+      fused_wgmma::fence_registers(acc);
+      fused_wgmma::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kTileK / 16; ++kk)
+        wgmma_rs<Mma<BM>>(fragments[kk], a_descriptor + stage * (T::kASlotBytes >> 4) + 2 * kk, acc,
+                          std::make_index_sequence<BM / 2>{});
+      fused_wgmma::wgmma_commit();
+      fused_wgmma::wgmma_wait<0>();
+      fused_wgmma::fence_registers(acc);
+    }
+  } else {
+    // Overlapped, as CUTLASS's register-A mainloop: one commit group per k16 step, at most two pending. Step
+    // s + 1's fragment is decoded before step s's wgmma is issued, into a fragment that no pending wgmma reads
+    // (four fragments, one a step). ptxas serializes every wgmma (C7513) if a fragment register is written
+    // while a wgmma reading it may be pending, so that rule is what lets the decode run under the multiplies.
+    //
+    // arrive(kt) comes before k-tile kt's first block is decoded (within k-tile kt - 1's last step): the
+    // thread's copies of kt have landed and are fenced for wgmma, and, past the barrier, every warp group is
+    // done with k-tile kt - 2's wgmma (at most two steps of kt - 1 are pending), so kt - 2's stage takes k-tile
+    // kt + kStages - 2.
+    auto arrive = [&](int kt) {
+      cp_async_wait<kStages - 3>();
+      fused_wgmma::fence_async_shared();
+      __syncthreads();
+      if (kt + kStages - 2 < k_tiles) stage_k_tile((kt + kStages - 2) % kStages);
+      cp_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < kStages - 2; ++s) {
+      if (s < k_tiles) stage_k_tile(s);
+      cp_async_commit();
+    }
+    if (k_tiles > 0) {
+      arrive(0);
+      decode_block(0, 0, fragments[0]);
+    }
     fused_wgmma::fence_registers(acc);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int stage = kt % kStages;
+#pragma unroll
+      for (int kk = 0; kk < kTileK / 16; ++kk) {
+        if (kk + 1 < kTileK / 16) {
+          decode_block(stage, kk + 1, fragments[kk + 1]);
+        } else if (kt + 1 < k_tiles) {
+          arrive(kt + 1);
+          decode_block((kt + 1) % kStages, 0, fragments[0]);
+        }
+        fused_wgmma::wgmma_fence();
+        wgmma_rs<Mma<BM>>(fragments[kk], a_descriptor + stage * (T::kASlotBytes >> 4) + 2 * kk, acc,
+                          std::make_index_sequence<BM / 2>{});
+        fused_wgmma::wgmma_commit();
+        fused_wgmma::wgmma_wait<2>();
+      }
+    }
   }
   fused_wgmma::wgmma_wait<0>();
   fused_wgmma::fence_registers(acc);
