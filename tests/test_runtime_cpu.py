@@ -261,16 +261,14 @@ def test_built_hadamard_row_pass_library_checks_problems(name):
 def test_gemm_tile_choice_follows_m():
     def chosen(rows, cols=256):
         return select(_problem(op="gemm", rows=rows, cols=cols, pointers={}), MANIFEST)
-    # up to M = 128 the kernels that decode B into wgmma's registers: the smallest tile of at least 64 rows
-    # that covers M, the widest
+    # up to M = 256 the kernels that decode B into wgmma's registers: the smallest tile of at least 64 rows
+    # that covers M (the tallest when none does), the widest
     assert chosen(1).endswith("packedrs_bf16out_t64x128x64_sm90a")
     assert chosen(64).endswith("packedrs_bf16out_t64x128x64_sm90a")
     assert chosen(65).endswith("packedrs_bf16out_t128x128x64_sm90a")
     assert chosen(128).endswith("packedrs_bf16out_t128x128x64_sm90a")
-    # up to M = 256 the packed wgmma kernels: the smallest tile that covers M (the tallest when none does),
-    # then the narrowest
-    assert chosen(129).endswith("packed_bf16out_t128x128x64_sm90a")
-    assert chosen(256).endswith("packed_bf16out_t128x128x64_sm90a")
+    assert chosen(129).endswith("packedrs_bf16out_t128x128x64_sm90a")
+    assert chosen(256).endswith("packedrs_bf16out_t128x128x64_sm90a")
     # beyond, the wgmma tiles over scratch: the tallest no taller than M
     assert chosen(257).endswith("t128x256x64_coop_cl2x1_sm90a") and chosen(8192).endswith("t128x256x64_coop_cl2x1_sm90a")
     # the fused kernels take whole 64-element k-tiles; otherwise small M gets the 64-row wgmma tile
@@ -489,5 +487,5 @@ def test_plan_cache_tells_m_256_from_larger_m(monkeypatch):
         return ops._kernel_for("gemm", device, out_dtype, 8192, {}, rows=rows)
 
     assert kernel_for(8192).endswith("t128x256x64_coop_cl2x1_sm90a")
-    assert kernel_for(256).endswith("packed_bf16out_t128x128x64_sm90a")
+    assert kernel_for(256).endswith("packedrs_bf16out_t128x128x64_sm90a")
     assert kernel_for(257) == kernel_for(8192) and len(ops._PLANS) == 2

@@ -40,14 +40,17 @@ def _rule_violations(kernel: dict, problem: Problem) -> list:
 # Up to this M the wgmma kernels that read the packed operands beat the scratch path (H200, bench/RESULTS.md).
 PACKED_WGMMA_MAX_ROWS = 256
 # Up to this M the kernels that decode B into wgmma's register fragments (gemm_packed_rs) beat them (H200,
-# bench/RESULTS.md: M = 16, 64 and 128 with N = K = 8192; at M = 256 they lose).
-PACKED_RS_MAX_ROWS = 128
+# bench/RESULTS.md: M = 16, 64, 128 with N = K = 8192, and M = 192 and 256 at five shapes, since the 128-row
+# tile overlaps its decode with wgmma), so the rule takes gemm_fused_wgmma only where no gemm_packed_rs
+# kernel is declared.
+PACKED_RS_MAX_ROWS = 256
 
 
 def _rank(kernel: dict, problem: Problem) -> tuple:
-    """Smaller is better. GEMMs: first, up to M = 128, a kernel that decodes B into wgmma's register fragments
-    (gemm_packed_rs, packed_rs): the smallest tile that covers M but at least 64 rows, then the widest. Then,
-    up to M = 256, a kernel that reads the packed operands with wgmma (gemm_fused_wgmma, packed_wgmma), so
+    """Smaller is better. GEMMs: first, up to M = 256, a kernel that decodes B into wgmma's register fragments
+    (gemm_packed_rs, packed_rs): the smallest tile that covers M but at least 64 rows (the tallest when none
+    does), then the widest. Then, up to M = 256, a kernel that reads the packed operands with wgmma
+    (gemm_fused_wgmma, packed_wgmma), so
     B's codes are read and dequantized once, which is what bounds small-M GEMMs: the smallest tile that covers
     M (the tallest when none does), then the narrowest.
     Otherwise the wgmma tiles over bf16 scratch: the tallest no taller than M (at least the smallest tile), so

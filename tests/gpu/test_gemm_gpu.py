@@ -143,7 +143,7 @@ def chosen_kernel(a, b, out_dtype):
                                            (20, "gemm_packed_rs", "t64x128x64"),
                                            (64, "gemm_packed_rs", "t64x128x64"),
                                            (100, "gemm_packed_rs", "t128x128x64"),
-                                           (200, "gemm_fused_wgmma", "t128x128x64")])
+                                           (200, "gemm_packed_rs", "t128x128x64")])
 @pytest.mark.parametrize("n,k", [(1000, 192), (17, 1024), (64, 64)])
 @pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
 def test_packed_gemm_rule_choice_per_m(m, family, tile, n, k, out_dtype, tol):
