@@ -269,6 +269,14 @@ def test_gemm_tile_choice_follows_m():
     assert chosen(128).endswith("packedrs_bf16out_t128x128x64_sm90a")
     assert chosen(129).endswith("packedrs_bf16out_t128x128x64_sm90a")
     assert chosen(256).endswith("packedrs_bf16out_t128x128x64_sm90a")
+    # without them (a manifest that declares none), the packed wgmma kernels up to M = 256: the smallest tile
+    # that covers M (the tallest when none does), then the narrowest
+    without_rs = {**MANIFEST, "kernels": {name: k for name, k in MANIFEST["kernels"].items()
+                                          if k["family"] != "gemm_packed_rs"}}
+    assert select(_problem(op="gemm", rows=64, cols=256, pointers={}), without_rs).endswith(
+        "packed_bf16out_t64x128x64_sm90a")
+    assert select(_problem(op="gemm", rows=200, cols=256, pointers={}), without_rs).endswith(
+        "packed_bf16out_t128x128x64_sm90a")
     # beyond, the wgmma tiles over scratch: the tallest no taller than M
     assert chosen(257).endswith("t128x256x64_coop_cl2x1_sm90a") and chosen(8192).endswith("t128x256x64_coop_cl2x1_sm90a")
     # the fused kernels take whole 64-element k-tiles; otherwise small M gets the 64-row wgmma tile
