@@ -37,10 +37,18 @@ def choose_backend(device: torch.device, backend: str | None) -> str:
     return backend
 
 
-def _cuda_backend():
-    from . import cuda  # imported lazily: loading kernels is only needed for CUDA tensors
+_cuda = None
 
-    return cuda
+
+def _cuda_backend():
+    """The CUDA backend module, imported on first use (loading kernels is only needed for CUDA tensors) and
+    then kept: an import statement on every call costs microseconds of import machinery."""
+    global _cuda
+    if _cuda is None:
+        from . import cuda
+
+        _cuda = cuda
+    return _cuda
 
 
 def _block_pair(block) -> tuple:

@@ -35,9 +35,18 @@ GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.
 PARAM_DTYPES = INPUT_DTYPES  # the parameters are quantized as they are
 
 
+_NO_RNG = {}  # device -> the empty rng_state that eager calls share
+
+
 def _no_rng(like: torch.Tensor) -> torch.Tensor:
-    """The rng_state argument of a quantize call that draws no random bits (never read)."""
-    return like.new_empty(0, dtype=torch.int64)
+    """The rng_state argument of a quantize call that draws no random bits (never read or written): in eager
+    mode one empty tensor a device, instead of an allocation a call; a new one while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return like.new_empty(0, dtype=torch.int64)
+    state = _NO_RNG.get(like.device)
+    if state is None:
+        state = _NO_RNG[like.device] = like.new_empty(0, dtype=torch.int64)
+    return state
 
 
 def e4m3_max_of(four_over_six) -> float:
@@ -64,7 +73,7 @@ class _NVFP4LinearFunction(torch.autograd.Function):
     whole step as opaque operators."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad, rng_state):
+    def forward(ctx, x2d, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad, rng_state, epilogue_bias):
         ops = torch_ops.for_caller()
         # X's columnwise copy (for wgrad) comes from the same quantize call as its rowwise copy; with
         # hadamard_wgrad that copy is quantized from the RHT of X along the tokens, like dY's below
@@ -74,11 +83,10 @@ class _NVFP4LinearFunction(torch.autograd.Function):
                          x_four_over_six, _no_rng(x2d))
         x_e4m3_max = e4m3_max_of(x_four_over_six)
         w_e4m3_max = e4m3_max_of(recipe.weight_four_over_six)
-        # The bias is added in the GEMM's epilogue, in fp32 before Y's one rounding (no pass over Y). Under
-        # autocast an fp32 bias is first rounded to the compute dtype, as torch.nn.Linear's autocast cast does.
+        # The bias is added in the GEMM's epilogue (epilogue_bias: Linear._epilogue_bias), in fp32 before Y's
+        # one rounding (no pass over Y).
         y_dtype = GEMM_OUT[x2d.dtype]
-        y = ops.gemm(*q[:3], *w_row, y_dtype, x_e4m3_max, w_e4m3_max,
-                     bias.to(y_dtype) if bias is not None else None)
+        y = ops.gemm(*q[:3], *w_row, y_dtype, x_e4m3_max, w_e4m3_max, epilogue_bias)
         # Convert only when needed: a no-op .to() returns its input, and PyTorch 2.11's compile of an
         # autograd.Function whose output aliases an intermediate sends the gradient to the wrong output
         # (zero weight gradients; pytorch/pytorch#180642).
@@ -114,7 +122,7 @@ class _NVFP4LinearFunction(torch.autograd.Function):
                     dw = ops.gemm(*q[3:], *x_col, GEMM_OUT[ctx.w_dtype], 448.0, ctx.x_e4m3_max).to(ctx.w_dtype)
         if ctx.bias_dtype is not None:
             db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)  # fp32 accumulation, no fp32 copy of dY
-        return dx, dw, db, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None
 
 
 def main_grad_of(weight: torch.Tensor) -> torch.Tensor:
@@ -150,9 +158,9 @@ class Linear(torch.nn.Linear):
     accumulate_main_grad=True adds the weight gradient into `weight.main_grad` (an fp32 tensor you
     attach) inside the wgrad GEMM instead of producing `weight.grad`.
 
-    The quantized weight is reused until the weight's version counter moves or any torch.optim optimizer
-    steps. A change that neither sees (an in-place edit through `weight.data` outside an optimizer) needs
-    `clear_weight_cache()`.
+    The quantized weight (and the bias, converted to the fp32 that the forward GEMM's epilogue adds) is
+    reused until its version counter moves or any torch.optim optimizer steps. A change that neither sees
+    (an in-place edit through `weight.data` outside an optimizer) needs `clear_weight_cache()`.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: Recipe | None = None,
@@ -178,6 +186,7 @@ class Linear(torch.nn.Linear):
         self.recipe = recipe if recipe is not None else Recipe()
         self.accumulate_main_grad = accumulate_main_grad
         self._weight_cache = None  # (key, rowwise, columnwise)
+        self._bias_cache = None  # (key, the bias as the fprop epilogue adds it)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, recipe: Recipe | None = None) -> "Linear":
@@ -198,8 +207,9 @@ class Linear(torch.nn.Linear):
         return linear.train(self.training)
 
     def clear_weight_cache(self) -> None:
-        """Forget the quantized weight, so the next forward quantizes the weight again."""
+        """Forget the quantized weight (and the fp32 copy of the bias), so the next forward makes them again."""
         self._weight_cache = None
+        self._bias_cache = None
 
     def _quantized_weight(self):
         """(rowwise, columnwise) triples of W, per tensor. Cached on the weight's version counter in eager
@@ -216,6 +226,21 @@ class Linear(torch.nn.Linear):
             q = self._quantize_weight(ops, w)
             self._weight_cache = (key, q[:3], q[3:])
         return self._weight_cache[1], self._weight_cache[2]
+
+    def _epilogue_bias(self, y_dtype: torch.dtype):
+        """The bias as the fprop GEMM's epilogue adds it, or None: rounded to the GEMM's output dtype (under
+        autocast an fp32 bias is rounded to the compute dtype, as torch.nn.Linear's autocast cast does), then
+        widened to the fp32 the epilogue takes. Cached like the quantized weight, so an eager step does not
+        convert it again (a launch and an allocation)."""
+        if self.bias is None:
+            return None
+        b = self.bias.detach()
+        if torch.compiler.is_compiling() or (b.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return b.to(y_dtype).to(torch.float32)
+        key = (self.bias._version, _optimizer_steps, b.data_ptr(), b.dtype, b.device, y_dtype)
+        if self._bias_cache is None or self._bias_cache[0] != key:
+            self._bias_cache = (key, b.to(y_dtype).to(torch.float32))
+        return self._bias_cache[1]
 
     def _quantize_weight(self, ops, w):
         recipe = self.recipe
@@ -255,7 +280,7 @@ class Linear(torch.nn.Linear):
         # stochastic rounding of dY draws from the device's default state, advanced by each backward
         rng_state = RNGState.default(x2d.device).tensor if self.recipe.stochastic_rounding else _no_rng(x2d)
         y = _NVFP4LinearFunction.apply(x2d, self.weight, self.bias, qw_row, qw_col, self.recipe, main_grad,
-                                       need_wgrad, rng_state)
+                                       need_wgrad, rng_state, self._epilogue_bias(GEMM_OUT[x2d.dtype]))
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

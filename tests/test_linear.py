@@ -121,6 +121,43 @@ def test_weight_quantization_is_cached_until_the_weight_changes():
     assert torch.equal(layer._weight_cache[1][0], qw.rowwise.data)
 
 
+def test_epilogue_bias_is_cached_until_the_bias_changes():
+    torch.manual_seed(4)
+    layer = fp4gen.nn.Linear(32, 16)
+    x = torch.randn(16, 32)
+    y = layer(x)
+    first = layer._bias_cache[1]
+    assert first.dtype == torch.float32 and torch.equal(first, layer.bias.detach())
+    assert layer(x) is not y and layer._bias_cache[1] is first  # unchanged bias: no new conversion
+    with torch.no_grad():
+        layer.bias.add_(1.0)  # bumps the version counter
+    assert torch.allclose(layer(x), y + 1.0, atol=1e-5)  # the new bias, not the cached one
+    assert layer._bias_cache[1] is not first
+    second = layer._bias_cache[1]
+    layer.bias.grad = torch.ones(16)
+    torch.optim.SGD([layer.bias], lr=0.5).step()
+    assert torch.allclose(layer(x), y + 0.5, atol=1e-5) and layer._bias_cache[1] is not second
+    layer.bias.data.add_(1.0)  # .data has its own version counter: clear_weight_cache forgets the copy too
+    layer.clear_weight_cache()
+    assert torch.allclose(layer(x), y + 1.5, atol=1e-5)
+
+
+def test_epilogue_bias_under_autocast_is_rounded_to_the_compute_dtype():
+    layer = fp4gen.nn.Linear(32, 16)
+    with torch.no_grad():
+        layer.bias.fill_(1.0 + 2.0 ** -12)  # not a bfloat16 value
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(torch.randn(16, 32))
+    assert layer._bias_cache[1].dtype == torch.float32 and torch.all(layer._bias_cache[1] == 1.0)
+
+
+def test_quantize_calls_without_random_bits_share_one_empty_state():
+    from fp4gen.nn import _no_rng
+    x = torch.randn(16, 32)
+    state = _no_rng(x)
+    assert state.numel() == 0 and state.dtype == torch.int64 and _no_rng(torch.randn(4, 16)) is state
+
+
 def test_weight_refreshed_with_a_preserved_version_counter_is_requantized_after_an_optimizer_step():
     # FSDP2 copies the all-gathered weight into the unsharded parameter inside
     # _unsafe_preserve_version_counter, after the optimizer stepped on the shards.
