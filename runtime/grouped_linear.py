@@ -148,7 +148,7 @@ class GroupedLinear(torch.nn.Module):
         is part of the graph instead (a cache hit there would leave a graph that never requantizes)."""
         w = self.weight.detach()
         ops = grouped_torch_ops.for_caller()
-        if torch.compiler.is_compiling() or (w.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if _nn.traced_or_captured(w):
             q = self._quantize_weight(ops, w)
             return q[:3], q[3:6]
         key = (self.weight._version, _nn._optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)

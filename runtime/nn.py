@@ -49,6 +49,13 @@ def _no_rng(like: torch.Tensor) -> torch.Tensor:
     return state
 
 
+def traced_or_captured(t: torch.Tensor) -> bool:
+    """Whether this call is traced by torch.compile or captured into a CUDA graph: then a layer's cached
+    conversions (quantized weight, epilogue bias) must be part of the graph, since a cache hit at trace or
+    capture time would leave a graph that never redoes them after optimizer updates."""
+    return torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def e4m3_max_of(four_over_six) -> float:
     """The e4m3_max of an operand quantized with this four_over_six argument."""
     return 448.0 if four_over_six is None else 256.0
@@ -216,9 +223,7 @@ class Linear(torch.nn.Linear):
         mode; under torch.compile or CUDA-graph capture the quantization is part of the graph instead."""
         w = self.weight.detach()
         ops = torch_ops.for_caller()
-        # A traced or captured step must contain the quantization itself: a cache hit at trace or capture
-        # time would leave a graph that never requantizes the weight after optimizer updates.
-        if torch.compiler.is_compiling() or (w.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if traced_or_captured(w):  # the graph must contain the quantization itself
             q = self._quantize_weight(ops, w)
             return q[:3], q[3:]
         key = (self.weight._version, _optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
@@ -235,7 +240,7 @@ class Linear(torch.nn.Linear):
         if self.bias is None:
             return None
         b = self.bias.detach()
-        if torch.compiler.is_compiling() or (b.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if traced_or_captured(b):
             return b.to(y_dtype).to(torch.float32)
         key = (self.bias._version, _optimizer_steps, b.data_ptr(), b.dtype, b.device, y_dtype)
         if self._bias_cache is None or self._bias_cache[0] != key:

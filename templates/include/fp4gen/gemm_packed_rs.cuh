@@ -70,6 +70,17 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t shifted, __half2 scale)
   return fused_gemm::scale_pair(((shifted << 9) & 0x0E000E00u) | ((shifted << 12) & 0x80008000u), scale);
 }
 
+// One m64k16 fragment of a thread from one block's code words of its two rows (first and second word of row r,
+// then of row r + 8) and the rows' scales; `shift` selects the thread's quarter of each word (4 * (lane % 4)).
+__device__ __forceinline__ void decode_fragment(uint32_t low0, uint32_t low1, uint32_t high0, uint32_t high1,
+                                                __half2 low_scale, __half2 high_scale, int shift,
+                                                uint32_t (&fragment)[4]) {
+  fragment[0] = decode_pair(low0 >> shift, low_scale);    // row r, k pair 2 (lane % 4)
+  fragment[1] = decode_pair(high0 >> shift, high_scale);  // row r + 8
+  fragment[2] = decode_pair(low1 >> shift, low_scale);    // row r, k pair 2 (lane % 4) + 8
+  fragment[3] = decode_pair(high1 >> shift, high_scale);  // row r + 8
+}
+
 template <int BM, int BN, int kCtas, class OutT>
 __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(const Params p, const uint8_t* a_half) {
   using T = Tile<BM, BN>;
@@ -116,10 +127,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
       const uint32_t h0 = block % 2 ? h.z : h.x, h1 = block % 2 ? h.w : h.y;
       const __half2 ls = fused_gemm::e4m3_to_half2((low_scales >> (8 * block)) & 0xFFu);
       const __half2 hs = fused_gemm::e4m3_to_half2((high_scales >> (8 * block)) & 0xFFu);
-      fragments[block][0] = decode_pair(l0 >> shift, ls);  // row r, k pair 2 (lane % 4)
-      fragments[block][1] = decode_pair(h0 >> shift, hs);  // row r + 8
-      fragments[block][2] = decode_pair(l1 >> shift, ls);  // row r, k pair 2 (lane % 4) + 8
-      fragments[block][3] = decode_pair(h1 >> shift, hs);  // row r + 8
+      decode_fragment(l0, l1, h0, h1, ls, hs, shift, fragments[block]);
     }
   };
   // decodes block `block` of k-tile `stage` (the thread's two rows) into one fragment
@@ -130,10 +138,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
     const uint2 h = *reinterpret_cast<const uint2*>(codes + (row + 8) * kCodeBytes);
     const __half2 ls = fused_gemm::e4m3_to_half2(scales[row * kScaleBytes]);
     const __half2 hs = fused_gemm::e4m3_to_half2(scales[(row + 8) * kScaleBytes]);
-    fragment[0] = decode_pair(l.x >> shift, ls);  // row r, k pair 2 (lane % 4)
-    fragment[1] = decode_pair(h.x >> shift, hs);  // row r + 8
-    fragment[2] = decode_pair(l.y >> shift, ls);  // row r, k pair 2 (lane % 4) + 8
-    fragment[3] = decode_pair(h.y >> shift, hs);  // row r + 8
+    decode_fragment(l.x, l.y, h.x, h.y, ls, hs, shift, fragment);
   };
 
   float acc[BM / 2];
