@@ -132,12 +132,21 @@ def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool
         why = "the columnwise copy blocks 16 rows" if columnwise else "16x16 blocks span 16 rows"
         raise ValueError(f"x flattens to M = {m} rows; M must be a multiple of {BLOCK} because {why}")
     options = _options(x, block, columnwise, rounding, rng, hadamard, four_over_six)
-    name = choose_backend(x.device, backend)
+    row, col = quantize_checked(x2d, scaling, block, rowwise, columnwise, options, backend)
+    return NVFP4Tensor(row, col, tuple(x.shape), x.dtype, scaling, block)
+
+
+def quantize_checked(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
+                     options: QuantizeOptions, backend: str | None = None) -> tuple:
+    """fp4gen.quantize after its checks: (rowwise, columnwise) NVFP4Data (or None) of a 2-D x2d whose arguments
+    already meet quantize's rules (block a tuple, options validated). fp4gen.nn calls it directly for the
+    layers' own tensors, whose shapes, dtypes and options the layer checked."""
+    name = choose_backend(x2d.device, backend)
     impl = reference if name == "reference" else _cuda_backend()
     row, col = impl.quantize(x2d, scaling, block, rowwise, columnwise, options)
     if options.rng is not None:
         options.rng.advance()  # on the device, after the kernels that read the offset (stream order)
-    return NVFP4Tensor(row, col, tuple(x.shape), x.dtype, scaling, block)
+    return row, col
 
 
 def _require_operand(name: str, value) -> NVFP4Data:
@@ -201,6 +210,13 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype | None = None, out: 
             raise ValueError(f"bias has shape {tuple(bias.shape)}; for b [{n}, {k}] it must be [{n}]")
         if bias.device != a.device:
             raise ValueError(f"bias is on {bias.device} but the operands are on {a.device}")
+    return gemm_checked(a, b, out_dtype, out, accumulate, backend, bias)
+
+
+def gemm_checked(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out: torch.Tensor | None = None,
+                 accumulate: bool = False, backend: str | None = None, bias: torch.Tensor | None = None):
+    """fp4gen.gemm after its checks (out_dtype resolved): for operands and arguments that already meet its
+    rules, such as fp4gen.nn's own."""
     name = choose_backend(a.device, backend)
     impl = reference if name == "reference" else _cuda_backend()
     return impl.gemm(a, b, out_dtype, out, accumulate, bias)

@@ -119,17 +119,22 @@ class _NVFP4LinearFunction(torch.autograd.Function):
             q = ops.quantize(dy, recipe.gradient_scaling, [1, BLOCK], ctx.needs_x_grad, ctx.need_wgrad,
                              recipe.gradient_rounding, recipe.hadamard_wgrad and ctx.need_wgrad, None, ctx.rng_state)
             if ctx.needs_x_grad:  # dgrad: dY [M, N] x (W columnwise = Wᵀ [K, N])
-                dx = ops.gemm(*q[:3], *w_col, GEMM_OUT[ctx.x_dtype], 448.0, ctx.w_e4m3_max).to(ctx.x_dtype)
+                dx = _as(ops.gemm(*q[:3], *w_col, GEMM_OUT[ctx.x_dtype], 448.0, ctx.w_e4m3_max), ctx.x_dtype)
             if ctx.need_wgrad:  # wgrad: (dY columnwise = dYᵀ [N, M]) x (X columnwise = Xᵀ [K, M])
                 if ctx.main_grad is not None:  # fp32 main-grad accumulation inside the GEMM epilogue
                     ops.gemm_accumulate(ctx.main_grad, *q[3:], *x_col, 448.0, ctx.x_e4m3_max)
                 else:  # in the weight's dtype: fp32 master weights under autocast get fp32 gradients. The
                     # epilogue writes bf16 and fp32 itself (one rounding of its fp32 result, as a separate
                     # conversion would do, without the extra launch and fp32 copy); fp16 goes through fp32.
-                    dw = ops.gemm(*q[3:], *x_col, GEMM_OUT[ctx.w_dtype], 448.0, ctx.x_e4m3_max).to(ctx.w_dtype)
-        if ctx.bias_dtype is not None:
-            db = dy.sum(0, dtype=torch.float32).to(ctx.bias_dtype)  # fp32 accumulation, no fp32 copy of dY
+                    dw = _as(ops.gemm(*q[3:], *x_col, GEMM_OUT[ctx.w_dtype], 448.0, ctx.x_e4m3_max), ctx.w_dtype)
+        if ctx.bias_dtype is not None:  # summed in fp32 (no fp32 copy of dY), rounded once to the bias's dtype
+            db = _as(dy.sum(0, dtype=torch.float32), ctx.bias_dtype)
         return dx, dw, db, None, None, None, None, None, None, None
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t.to(dtype), without the call when t has that dtype already (an eager call costs microseconds)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def main_grad_of(weight: torch.Tensor) -> torch.Tensor:
@@ -274,7 +279,7 @@ class Linear(torch.nn.Linear):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features in its last dimension; this layer takes "
                              f"in_features={self.in_features}")
-        x2d = x.reshape(-1, self.in_features).to(self._compute_dtype(x))  # autocast's cast, differentiable
+        x2d = _as(x.reshape(-1, self.in_features), self._compute_dtype(x))  # autocast's cast, differentiable
         tokens = x2d.shape[0]
         need_wgrad = torch.is_grad_enabled() and self.weight.requires_grad
         if need_wgrad and tokens % BLOCK:

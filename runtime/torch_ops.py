@@ -10,7 +10,6 @@ advances in place (declared as a mutated argument); without stochastic rounding 
 """
 from __future__ import annotations
 
-import functools
 import types
 from typing import Optional
 
@@ -18,6 +17,7 @@ import torch
 
 from . import api
 from .formats import BLOCK, NVFP4Data
+from .options import QuantizeOptions
 from .rng import RNGState
 
 Triple = tuple  # (data uint8, scale float8_e4m3fn, amax float32)
@@ -35,11 +35,26 @@ def _quantize(x: torch.Tensor, scaling: str, block: list[int], rowwise: bool, co
     rng = RNGState.from_tensor(rng_state) if rounding == "stochastic" else None
     q = api.quantize(x, scaling=scaling, block=tuple(block), rowwise=rowwise, columnwise=columnwise,
                      rounding=rounding, rng=rng, hadamard=hadamard, four_over_six=four_over_six)
-    row = [q.rowwise.data, q.rowwise.scale, q.rowwise.amax] if rowwise else _absent(x)
-    col = [q.columnwise.data, q.columnwise.scale, q.columnwise.amax] if columnwise else _absent(x)
-    if rowwise and columnwise and col[2] is row[2]:
+    return _triples(x, q.rowwise, q.columnwise)
+
+
+def _triples(x: torch.Tensor, row, col) -> tuple:
+    """The quantize op's six outputs from its two copies (NVFP4Data or None)."""
+    row = [row.data, row.scale, row.amax] if row is not None else _absent(x)
+    col = [col.data, col.scale, col.amax] if col is not None else _absent(x)
+    if col[2] is row[2]:
         col[2] = col[2].clone()  # per-tensor scaling shares one amax; custom op outputs may not alias
     return (*row, *col)
+
+
+def _quantize_unchecked(x: torch.Tensor, scaling: str, block, rowwise: bool, columnwise: bool, rounding: str,
+                        hadamard: bool, four_over_six: Optional[str], rng_state: torch.Tensor) -> tuple:
+    """The quantize op's computation for fp4gen.nn's own tensors in eager mode, without fp4gen.quantize's
+    checks: the layer checked x's shape and dtype, and its Recipe the options."""
+    rng = RNGState.from_tensor(rng_state) if rounding == "stochastic" else None
+    row, col = api.quantize_checked(x, scaling, tuple(block), rowwise, columnwise,
+                                    QuantizeOptions(rounding, rng, hadamard, four_over_six))
+    return _triples(x, row, col)
 
 
 quantize = torch.library.custom_op("fp4gen::quantize", mutates_args=("rng_state",))(_quantize)
@@ -61,20 +76,13 @@ def _(x, scaling, block, rowwise, columnwise, rounding, hadamard, four_over_six,
     return (*row, *col)
 
 
-def _gemm_with(operand, a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max,
-               bias=None):
-    """The gemm op's body, its operands built by `operand` (NVFP4Data, which checks them, or
-    NVFP4Data._made_by_fp4gen for fp4gen.nn's own triples); bias (or None) added in the epilogue."""
-    d = api.gemm(operand(a_data, a_scale, a_amax, a_e4m3_max), operand(b_data, b_scale, b_amax, b_e4m3_max),
-                 out_dtype=out_dtype, bias=bias)
-    return d.contiguous()  # a padded-N CUDA result is a strided view; the fake promises a dense tensor
-
-
 def _gemm(a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor, b_data: torch.Tensor,
           b_scale: torch.Tensor, b_amax: torch.Tensor, out_dtype: torch.dtype, a_e4m3_max: float,
           b_e4m3_max: float, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return _gemm_with(NVFP4Data, a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max,
-                      bias)
+    """The gemm op's body: the operands checked as NVFP4Data, bias (or None) added in the epilogue."""
+    d = api.gemm(NVFP4Data(a_data, a_scale, a_amax, a_e4m3_max), NVFP4Data(b_data, b_scale, b_amax, b_e4m3_max),
+                 out_dtype=out_dtype, bias=bias)
+    return d.contiguous()  # a padded-N CUDA result is a strided view; the fake promises a dense tensor
 
 
 gemm = torch.library.custom_op("fp4gen::gemm", mutates_args=())(_gemm)
@@ -85,15 +93,11 @@ def _(a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b
     return a_data.new_empty(a_data.shape[0], b_data.shape[0], dtype=out_dtype)
 
 
-def _gemm_accumulate_with(operand, out, a_data, a_scale, a_amax, b_data, b_scale, b_amax, a_e4m3_max, b_e4m3_max):
-    api.gemm(operand(a_data, a_scale, a_amax, a_e4m3_max), operand(b_data, b_scale, b_amax, b_e4m3_max),
-             out=out, accumulate=True)
-
-
 def _gemm_accumulate(out: torch.Tensor, a_data: torch.Tensor, a_scale: torch.Tensor, a_amax: torch.Tensor,
                      b_data: torch.Tensor, b_scale: torch.Tensor, b_amax: torch.Tensor, a_e4m3_max: float,
                      b_e4m3_max: float) -> None:
-    _gemm_accumulate_with(NVFP4Data, out, a_data, a_scale, a_amax, b_data, b_scale, b_amax, a_e4m3_max, b_e4m3_max)
+    api.gemm(NVFP4Data(a_data, a_scale, a_amax, a_e4m3_max), NVFP4Data(b_data, b_scale, b_amax, b_e4m3_max),
+             out=out, accumulate=True)
 
 
 gemm_accumulate = torch.library.custom_op("fp4gen::gemm_accumulate", mutates_args=("out",))(_gemm_accumulate)
@@ -104,13 +108,26 @@ def _(out, a_data, a_scale, a_amax, b_data, b_scale, b_amax, a_e4m3_max, b_e4m3_
     return None
 
 
-# The ops' Python bodies: the same computation without the dispatcher's per-call cost (about 25 us per op
-# on our build machine's CPU, several percent of an eager training step), taking fp4gen.nn's triples (made by
-# fp4gen's quantize) without checking them again.
+def _gemm_unchecked(a_data, a_scale, a_amax, b_data, b_scale, b_amax, out_dtype, a_e4m3_max, b_e4m3_max, bias=None):
+    """The gemm op's body for fp4gen.nn's own triples (made by fp4gen's quantize) in eager mode, unchecked."""
+    made = NVFP4Data._made_by_fp4gen
+    d = api.gemm_checked(made(a_data, a_scale, a_amax, a_e4m3_max), made(b_data, b_scale, b_amax, b_e4m3_max),
+                         out_dtype, bias=bias)
+    return d.contiguous()
+
+
+def _gemm_accumulate_unchecked(out, a_data, a_scale, a_amax, b_data, b_scale, b_amax, a_e4m3_max, b_e4m3_max):
+    made = NVFP4Data._made_by_fp4gen
+    api.gemm_checked(made(a_data, a_scale, a_amax, a_e4m3_max), made(b_data, b_scale, b_amax, b_e4m3_max),
+                     out.dtype, out, True)
+
+
+# The ops' computations without the dispatcher's per-call cost (about 25 us per op on our build machine's CPU)
+# and without the public functions' argument checks: fp4gen.nn passes its own checked tensors and the triples
+# that fp4gen's quantize made, which need no second check. Host time is what an eager step of a small layer
+# spends most of its time on.
 _EAGER = types.SimpleNamespace(
-    quantize=_quantize,
-    gemm=functools.partial(_gemm_with, NVFP4Data._made_by_fp4gen),
-    gemm_accumulate=functools.partial(_gemm_accumulate_with, NVFP4Data._made_by_fp4gen))
+    quantize=_quantize_unchecked, gemm=_gemm_unchecked, gemm_accumulate=_gemm_accumulate_unchecked)
 
 
 def for_caller():

@@ -12,6 +12,7 @@ import torch
 from ..formats import NVFP4Data
 from ..options import DEFAULT_OPTIONS, QuantizeOptions
 from ..swizzle import swizzle_scales
+from .launch_plan import INPUT, RNG, LaunchPlan, Slot, remember
 from .library import load_kernel
 from .manifest import load_manifest
 from . import autotune
@@ -39,6 +40,7 @@ def _problem(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointer
 
 
 _PLANS = {}  # plan key -> loaded kernel: a hit costs building one tuple and one dict lookup
+_QUANTIZE_PLANS = {}  # (device, dtype, shape, row stride, x's alignment, the call's arguments) -> LaunchPlan
 
 
 def _kernel_for(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointers=None, values=None,
@@ -117,10 +119,12 @@ def row_pass_limits(max_row_bytes: int):
     global ROW_PASS_MAX_ROW_BYTES, ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES
     saved = ROW_PASS_MAX_ROW_BYTES, ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES
     ROW_PASS_MAX_ROW_BYTES = ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES = max_row_bytes
+    _QUANTIZE_PLANS.clear()  # the plans chose with the limits they saw
     try:
         yield
     finally:
         ROW_PASS_MAX_ROW_BYTES, ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES = saved
+        _QUANTIZE_PLANS.clear()
 
 
 def uses_row_pass(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool) -> bool:
@@ -157,16 +161,47 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     if the columnwise copy is asked for. Otherwise: the amax pass (its outputs zeroed by a kernel of its own),
     then the quantize kernel. Each launch after the first is a programmatic dependent of the one before; no
     host synchronization. Stochastic rounding takes the same kernels' stochastic variants where
-    plain_kernels_take says so; the Hadamard transform takes _quantize_hadamard; other options take
-    quantize_with_options."""
+    plain_kernels_take says so; the Hadamard transform takes _plan_hadamard; other options take
+    _plan_with_options.
+
+    The kernels and their arguments are worked out once per kind of call (device, dtype, shape, row stride,
+    x's alignment and the arguments; block is a tuple) and kept as a launch plan (launch_plan.py): a repeated
+    call allocates its outputs and launches."""
     rows, cols = x.shape
     if rows > 0 and cols > 1 and x.stride(1) != 1:
         raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
                          f"elements (last stride 1); pass x.contiguous()")
+    key = (x.device.index, x.dtype, rows, cols, x.stride(0) if rows > 1 else cols, x.data_ptr() % 16, scaling,
+           block, rowwise, columnwise, options.rounding, options.hadamard, options.four_over_six)
+    plan = _QUANTIZE_PLANS.get(key)
+    if plan is None:
+        plan = remember(_QUANTIZE_PLANS, key, _plan_quantize(x, scaling, block, rowwise, columnwise, options))
+    buffers = plan.run(_launch, x, _rng_state(options))
+    row, col, e4m3_max = plan.result
+    return _copy(plan, buffers, row, e4m3_max), _copy(plan, buffers, col, e4m3_max)
+
+
+def _copy(plan: LaunchPlan, buffers: list, slots, e4m3_max: float):
+    """The NVFP4Data of a copy's (data, scale, amax) slots, or None for a copy not asked for."""
+    if slots is None:
+        return None
+    data, scale, amax = (plan.tensor(buffers, slot) for slot in slots)
+    return NVFP4Data._made_by_fp4gen(data, scale, amax, e4m3_max)
+
+
+def _plan_quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
+                   options: QuantizeOptions) -> LaunchPlan:
     if not plain_kernels_take(x, block, columnwise, options):
-        return quantize_with_options(x, scaling, block, rowwise, columnwise, options)
+        return _plan_with_options(x, scaling, block, rowwise, columnwise, options)
     if options.hadamard:
-        return _quantize_hadamard(x, scaling, rowwise, options)
+        return _plan_hadamard(x, scaling, rowwise, options)
+    return _plan_plain(x, scaling, block, rowwise, columnwise, options)
+
+
+def _plan_plain(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
+                options: QuantizeOptions) -> LaunchPlan:
+    """The row pass (then the columnwise-only kernel), or the amax pass then the quantize kernels."""
+    rows, cols = x.shape
     device, row_scaled = x.device, scaling == "row"
     row_pass = uses_row_pass(x, scaling, block, rowwise, columnwise)
     pointers = {"x": _row_start_bits(x)} if x.numel() else {}  # an empty x is never read
@@ -187,25 +222,37 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     quantize_kernels = [(direction, _kernel_for("quantize", device, in_dtype, cols, pointers, {
         "direction": direction, "scaling": scaling, "block": f"{block[0]}x{block[1]}", "hadamard": "none",
         **rounding})) for direction in directions]
-    rng_state = _rng_state(options)
 
+    plan = LaunchPlan()
     if row_scaled:  # per-row amax for the rowwise copy, per-column amax for the columnwise copy
-        row_amax = _empty(device, rows, dtype=torch.float32) if rowwise else None
-        col_amax = _empty(device, cols, dtype=torch.float32) if columnwise else None
+        row_amax = _amax(plan, rows) if rowwise else None
+        col_amax = _amax(plan, cols) if columnwise else None
         tensor_amax = None
     else:
-        row_amax = col_amax = tensor_amax = _empty(device, 1, dtype=torch.float32)
-    row_data, row_scale, col_data, col_scale = _outputs(device, rows, cols, rowwise, columnwise)
-
+        row_amax = col_amax = tensor_amax = _amax(plan, 1)
+    row_data, row_scale, col_data, col_scale = _plan_outputs(plan, rows, cols, rowwise, columnwise)
+    plan.result = _result(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
+    stride = x.stride(0) if rows > 1 else cols
     if rows == 0 or cols == 0:  # nothing to read; an empty extent has amax 0 (as in the reference)
-        _zero(row_amax, col_amax, tensor_amax)
+        plan.zero(row_amax, col_amax)
     elif row_pass:
-        _launch_row_pass(first_kernel, quantize_kernels[0][1] if quantize_kernels else None, x, row_amax, col_amax,
-                         row_data, row_scale, col_data, col_scale, rng_state)
+        workspace_bytes = _row_pass_workspace_bytes(first_kernel, device.index, rows, cols, col_amax is not None)
+        # from the allocator, on the launching stream: its memory is not reused before the kernels that read it ran
+        workspace = plan.buffer(workspace_bytes) if workspace_bytes else None
+        plan.launch(first_kernel, INPUT, stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace, RNG)
+        if quantize_kernels:
+            plan.launch(quantize_kernels[0][1], INPUT, stride, rows, cols, None, col_amax, None, None, col_data,
+                        col_scale, RNG)
     else:
-        _launch_quantize(first_kernel, quantize_kernels, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
-                         col_data, col_scale, rng_state)
-    return _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
+        if tensor_amax is None:
+            plan.launch(first_kernel, INPUT, stride, rows, cols, row_amax, col_amax, None)
+        else:
+            plan.launch(first_kernel, INPUT, stride, rows, cols, None, None, tensor_amax)
+        for direction, kernel in quantize_kernels:
+            row = (row_amax, row_data, row_scale) if direction != "columnwise" else (None, None, None)
+            col = (col_amax, col_data, col_scale) if direction != "rowwise" else (None, None, None)
+            plan.launch(kernel, INPUT, stride, rows, cols, row[0], col[0], row[1], row[2], col[1], col[2], RNG)
+    return plan
 
 
 def _rng_state(options: QuantizeOptions):
@@ -217,27 +264,27 @@ def _empty(device, *shape, dtype=torch.uint8):
     return torch.empty(*shape, dtype=dtype, device=device)
 
 
-def _outputs(device, rows, cols, rowwise, columnwise):
-    row_data, row_scale = (_empty(device, rows, cols // 2), _empty(device, rows, cols // 16)) if rowwise else (None, None)
-    col_data, col_scale = (_empty(device, cols, rows // 2), _empty(device, cols, rows // 16)) if columnwise else (None, None)
-    return row_data, row_scale, col_data, col_scale
+def _amax(plan: LaunchPlan, count: int) -> Slot:
+    return plan.buffer(count, dtype=torch.float32)
 
 
-def _zero(*amaxes):
-    for amax in amaxes:
-        if amax is not None:
-            amax.zero_()
-
-
-def _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max):
+def _plan_outputs(plan: LaunchPlan, rows: int, cols: int, rowwise: bool, columnwise: bool) -> tuple:
+    """(row data, row scale, col data, col scale) buffers, None for a copy not asked for; the scales are
+    allocated as float8_e4m3fn, the operands' dtype (the kernels write their bytes)."""
     e4m3 = torch.float8_e4m3fn
-    row = NVFP4Data._made_by_fp4gen(row_data, row_scale.view(e4m3), row_amax, e4m3_max) if rowwise else None
-    col = NVFP4Data._made_by_fp4gen(col_data, col_scale.view(e4m3), col_amax, e4m3_max) if columnwise else None
-    return row, col
+    row = (plan.buffer(rows, cols // 2), plan.buffer(rows, cols // 16, dtype=e4m3)) if rowwise else (None, None)
+    col = (plan.buffer(cols, rows // 2), plan.buffer(cols, rows // 16, dtype=e4m3)) if columnwise else (None, None)
+    return (*row, *col)
 
 
-def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-                          options: QuantizeOptions):
+def _result(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max) -> tuple:
+    """A quantize plan's result: the (data, scale, amax) slots of each copy asked for (else None), e4m3_max."""
+    return ((row_data, row_scale, row_amax) if rowwise else None,
+            (col_data, col_scale, col_amax) if columnwise else None, e4m3_max)
+
+
+def _plan_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
+                       options: QuantizeOptions) -> LaunchPlan:
     """The options the plain kernels do not take (plain_kernels_take): an amax pass (amax_hadamard with the
     transform: the columnwise amaxes are then those of the transformed copy), then the quantize_options kernel
     of the options, which takes the copies, the scaling and the block shape as arguments. Stochastic rounding
@@ -252,34 +299,35 @@ def quantize_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: 
     amax_kernel = _kernel_for(amax_op, device, in_dtype, cols, pointers)
     kernel = _kernel_for("quantize_options", device, in_dtype, cols, pointers, values)
 
+    plan = LaunchPlan()
     if row_scaled:
-        row_amax = _empty(device, rows, dtype=torch.float32) if rowwise else None
-        col_amax = _empty(device, cols, dtype=torch.float32) if columnwise else None
+        row_amax = _amax(plan, rows) if rowwise else None
+        col_amax = _amax(plan, cols) if columnwise else None
     elif options.hadamard:  # the two copies have their own tensor amax: of x, and of the transformed x.T
-        row_amax = _empty(device, 1, dtype=torch.float32) if rowwise else None
-        col_amax = _empty(device, 1, dtype=torch.float32)
+        row_amax = _amax(plan, 1) if rowwise else None
+        col_amax = _amax(plan, 1)
     else:
-        row_amax = col_amax = _empty(device, 1, dtype=torch.float32)
-    row_data, row_scale, col_data, col_scale = _outputs(device, rows, cols, rowwise, columnwise)
+        row_amax = col_amax = _amax(plan, 1)
+    row_data, row_scale, col_data, col_scale = _plan_outputs(plan, rows, cols, rowwise, columnwise)
     e4m3_max = 448.0 if options.four_over_six is None else 256.0
+    plan.result = _result(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax,
+                          e4m3_max)
     if rows == 0 or cols == 0:
-        _zero(row_amax, col_amax)
-        return _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max)
+        plan.zero(row_amax, col_amax)
+        return plan
     stride = x.stride(0) if rows > 1 else cols
     if options.hadamard:
-        _launch_amax_hadamard(amax_kernel, x, stride, row_scaled, row_amax, col_amax)
+        _plan_amax_hadamard(plan, amax_kernel, stride, rows, cols, row_scaled, row_amax, col_amax)
     elif row_scaled:
-        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), None)
+        plan.launch(amax_kernel, INPUT, stride, rows, cols, row_amax, col_amax, None)
     else:
-        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, None, None, _ptr(row_amax))
-    rng_state = _rng_state(options)
-    _launch(kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), _ptr(row_data),
-            _ptr(row_scale), _ptr(col_data), _ptr(col_scale), _ptr(rng_state), 1 if row_scaled else 0,
-            1 if tuple(block) == (16, 16) else 0, 1 if options.four_over_six == "mse" else 0)
-    return _operands(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max)
+        plan.launch(amax_kernel, INPUT, stride, rows, cols, None, None, row_amax)
+    plan.launch(kernel, INPUT, stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, RNG,
+                1 if row_scaled else 0, 1 if tuple(block) == (16, 16) else 0, 1 if options.four_over_six == "mse" else 0)
+    return plan
 
 
-def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: QuantizeOptions):
+def _plan_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: QuantizeOptions) -> LaunchPlan:
     """The columnwise copy with the Hadamard transform (and the rowwise copy, if asked for), 1x16 blocks, rounded
     as options say, in the plain kernels' structure: the columnwise-only quantize kernel transforms each tile in
     place. Before it, row scaling with a rowwise copy takes the row pass with the transform where the manifest
@@ -297,7 +345,6 @@ def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: Qu
         row_pass_kernel = _kernel_for("row_pass", device, in_dtype, cols, pointers, row_pass_values)
         if cols > row_pass_kernel.constraints["cols_at_most"]:
             row_pass_kernel = None
-    rng_state = _rng_state(options)
 
     def quantize_kernel(direction, hadamard):
         return _kernel_for("quantize", device, in_dtype, cols, pointers, {
@@ -305,38 +352,38 @@ def _quantize_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: Qu
             "rounding": options.rounding})
 
     col_kernel = quantize_kernel("columnwise", "rht16")
+    plan = LaunchPlan()
     if row_scaled:
-        row_amax = _empty(device, rows, dtype=torch.float32) if rowwise else None
-        col_amax = _empty(device, cols, dtype=torch.float32)
+        row_amax = _amax(plan, rows) if rowwise else None
+        col_amax = _amax(plan, cols)
     else:  # the two copies have their own tensor amax: of x, and of the transformed x.T
-        row_amax = _empty(device, 1, dtype=torch.float32) if rowwise else None
-        col_amax = _empty(device, 1, dtype=torch.float32)
-    row_data, row_scale, col_data, col_scale = _outputs(device, rows, cols, rowwise, True)
+        row_amax = _amax(plan, 1) if rowwise else None
+        col_amax = _amax(plan, 1)
+    row_data, row_scale, col_data, col_scale = _plan_outputs(plan, rows, cols, rowwise, True)
+    plan.result = _result(rowwise, True, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
     if rows == 0 or cols == 0:
-        _zero(row_amax, col_amax)
-        return _operands(rowwise, True, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
+        plan.zero(row_amax, col_amax)
+        return plan
     stride = x.stride(0) if rows > 1 else cols
     if row_pass_kernel is not None:
-        _launch(row_pass_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax),
-                _ptr(row_data), _ptr(row_scale), None, None)
+        plan.launch(row_pass_kernel, INPUT, stride, rows, cols, row_amax, col_amax, row_data, row_scale, None, None)
     else:
         amax_kernel = _kernel_for("amax_hadamard", device, in_dtype, cols, pointers)
-        _launch_amax_hadamard(amax_kernel, x, stride, row_scaled, row_amax, col_amax)
+        _plan_amax_hadamard(plan, amax_kernel, stride, rows, cols, row_scaled, row_amax, col_amax)
         if rowwise:
-            _launch(quantize_kernel("rowwise", "none"), device, x.data_ptr(), stride, rows, cols, _ptr(row_amax),
-                    None, _ptr(row_data), _ptr(row_scale), None, None, _ptr(rng_state))
-    _launch(col_kernel, device, x.data_ptr(), stride, rows, cols, None, _ptr(col_amax), None, None, _ptr(col_data),
-            _ptr(col_scale), _ptr(rng_state))
-    return _operands(rowwise, True, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
+            plan.launch(quantize_kernel("rowwise", "none"), INPUT, stride, rows, cols, row_amax, None, row_data,
+                        row_scale, None, None, RNG)
+    plan.launch(col_kernel, INPUT, stride, rows, cols, None, col_amax, None, None, col_data, col_scale, RNG)
+    return plan
 
 
-def _launch_amax_hadamard(kernel, x, stride, row_scaled, row_amax, col_amax):
+def _plan_amax_hadamard(plan: LaunchPlan, kernel, stride: int, rows: int, cols: int, row_scaled: bool, row_amax,
+                        col_amax) -> None:
     """row_amax (of x) and col_amax (of the transformed x.T), either may be None: per row / per column with
     row scaling, else one each (the kernel's tensor outputs)."""
-    rows, cols = x.shape
-    per_vector = (_ptr(row_amax), _ptr(col_amax)) if row_scaled else (None, None)
-    per_tensor = (None, None) if row_scaled else (_ptr(row_amax), _ptr(col_amax))
-    _launch(kernel, x.device, x.data_ptr(), stride, rows, cols, *per_vector, *per_tensor)
+    per_vector = (row_amax, col_amax) if row_scaled else (None, None)
+    per_tensor = (None, None) if row_scaled else (row_amax, col_amax)
+    plan.launch(kernel, INPUT, stride, rows, cols, *per_vector, *per_tensor)
 
 
 def _ptr(t):
@@ -353,48 +400,16 @@ def _row_pass_workspace_bytes(kernel, device_index: int, rows: int, cols: int, c
         return kernel.workspace_size(None, cols, rows, cols, None, col_amax_placeholder, None, None, None, None)
 
 
-def _launch_row_pass(row_pass_kernel, columnwise_kernel, x, row_amax, col_amax, row_data, row_scale, col_data,
-                     col_scale, rng_state):
-    rows, cols = x.shape
-    device = x.device
-    stride = x.stride(0) if rows > 1 else cols
-    args = (x.data_ptr(), stride, rows, cols, row_amax.data_ptr(), _ptr(col_amax), row_data.data_ptr(),
-            row_scale.data_ptr())
-    workspace_bytes = _row_pass_workspace_bytes(row_pass_kernel, device.index, rows, cols, col_amax is not None)
-    # from the allocator, on the launching stream: its memory is not reused before the kernels that read it ran
-    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device) if workspace_bytes else None
-    _launch(row_pass_kernel, device, *args, _ptr(workspace), _ptr(rng_state))
-    if columnwise_kernel is not None:
-        _launch(columnwise_kernel, device, x.data_ptr(), stride, rows, cols, None, col_amax.data_ptr(), None, None,
-                col_data.data_ptr(), col_scale.data_ptr(), _ptr(rng_state))
-
-
-def _launch_quantize(amax_kernel, quantize_kernels, x, row_amax, col_amax, tensor_amax, row_data, row_scale,
-                     col_data, col_scale, rng_state):
-    """The amax pass, then each (direction, kernel) of quantize_kernels with the outputs of its direction."""
-    rows, cols = x.shape
-    device = x.device
-    stride = x.stride(0) if rows > 1 else cols
-    if tensor_amax is None:
-        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row_amax), _ptr(col_amax), None)
-    else:
-        _launch(amax_kernel, device, x.data_ptr(), stride, rows, cols, None, None, _ptr(tensor_amax))
-    for direction, kernel in quantize_kernels:
-        row = (row_amax, row_data, row_scale) if direction != "columnwise" else (None, None, None)
-        col = (col_amax, col_data, col_scale) if direction != "rowwise" else (None, None, None)
-        _launch(kernel, device, x.data_ptr(), stride, rows, cols, _ptr(row[0]), _ptr(col[0]), _ptr(row[1]),
-                _ptr(row[2]), _ptr(col[1]), _ptr(col[2]), _ptr(rng_state))
-
-
 def gemm_alpha(a: NVFP4Data, b: NVFP4Data) -> float:
     """The epilogue's fl(1 / (6 * a.e4m3_max * 6 * b.e4m3_max)), fl(1/2688^2) for standard operands: ctypes
     rounds the double quotient (of an exact double product) to fp32, which equals the fp32 quotient."""
     return 1.0 / ((6.0 * a.e4m3_max) * (6.0 * b.e4m3_max))
 
 
-def _bf16_operands(a: NVFP4Data, b: NVFP4Data, n_run: int, kernel) -> tuple:
+def _bf16_operands(a: NVFP4Data, b: NVFP4Data, plan: "_GemmPlan") -> tuple:
     """Hopper: both operands' block-scaled values (E2M1 x E4M3, exact in bf16) in scratch; B gets zero
     rows up to n_run. Returns (tensors to keep alive, the pointer arguments, the row-stride arguments)."""
+    n_run = plan.n_run
     a16 = dequantize(a, torch.bfloat16, with_amax=False)
     if n_run == b.shape[0]:
         b16 = dequantize(b, torch.bfloat16, with_amax=False)
@@ -404,10 +419,11 @@ def _bf16_operands(a: NVFP4Data, b: NVFP4Data, n_run: int, kernel) -> tuple:
     return (a16, b16), (a16.data_ptr(), b16.data_ptr()), (a16.stride(0), b16.stride(0))
 
 
-def _blockscaled_operands(a: NVFP4Data, b: NVFP4Data, n_run: int, kernel) -> tuple:
+def _blockscaled_operands(a: NVFP4Data, b: NVFP4Data, plan: "_GemmPlan") -> tuple:
     """Blackwell: the packed codes as they are and the scales in the 128x4 swizzled layout; B gets zero
     rows (codes and scales) up to n_run. Returns (tensors to keep alive, the pointer arguments a, b, sfa,
     sfb, no row-stride arguments). Never run: no Blackwell GPU was available."""
+    n_run = plan.n_run
     for name, op in (("a", a), ("b", b)):
         if op.data.stride(0) != op.data.shape[1] or op.data.data_ptr() % 16:
             raise ValueError(f"{name}.data must be contiguous and 16-byte aligned for the Blackwell GEMM, got "
@@ -420,15 +436,12 @@ def _blockscaled_operands(a: NVFP4Data, b: NVFP4Data, n_run: int, kernel) -> tup
     return (b_data, sfa, sfb), (a.data.data_ptr(), b_data.data_ptr(), sfa.data_ptr(), sfb.data_ptr()), ()
 
 
-def _packed_operands(a: NVFP4Data, b: NVFP4Data, n_run: int, kernel) -> tuple:
-    """The fused Hopper GEMM: codes and scales as they are, with their row strides in bytes, and the number
-    of CTAs that split K (select.split_k)."""
-    a_scale, b_scale = a.scale.view(torch.uint8), b.scale.view(torch.uint8)
-    facts = kernel.facts
-    splits = split_k(facts["tile_m"], facts["tile_n"], a.shape[0], n_run, a.shape[1] // facts["tile_k"],
-                     _multiprocessors(a.device.index), facts["split_ctas_per_multiprocessor"])
-    return ((), (a.data.data_ptr(), a_scale.data_ptr(), b.data.data_ptr(), b_scale.data_ptr()),
-            (a.data.stride(0), a_scale.stride(0), b.data.stride(0), b_scale.stride(0), splits))
+def _packed_operands(a: NVFP4Data, b: NVFP4Data, plan: "_GemmPlan") -> tuple:
+    """The fused Hopper GEMM: codes and scales as they are (the scale bytes at their float8 addresses), with
+    their row strides in bytes, and the number of CTAs that split K (the plan's, from select.split_k)."""
+    a_data, a_scale, b_data, b_scale = a.data, a.scale, b.data, b.scale
+    return ((), (a_data.data_ptr(), a_scale.data_ptr(), b_data.data_ptr(), b_scale.data_ptr()),
+            (a_data.stride(0), a_scale.stride(0), b_data.stride(0), b_scale.stride(0), plan.split))
 
 
 # How each GEMM family takes its operands.
@@ -441,15 +454,45 @@ _GEMM_OPERANDS = {
 }
 
 
-_GEMM_PLANS = {}  # (device, out dtype, M or its class, N, K, operand address residues) -> loaded kernel
+class _GemmPlan:
+    """A GEMM problem's kernel and, from its first launch on, the launch facts that depend only on the problem
+    (its key in _GEMM_PLANS): the N the kernel runs on, how the operands go in, the K split of the kernels
+    that read the packed operands, the workspace size. A query through gemm_kernel needs only the kernel."""
+
+    __slots__ = ("kernel", "n_run", "d_alignment", "d_align", "operands", "split", "workspace_bytes")
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.n_run = None  # not prepared
+
+    def prepare(self, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype) -> None:
+        kernel = self.kernel
+        (m, k), n = a.shape, b.shape[0]
+        # A kernel that needs D's rows aligned (a TMA epilogue: `d` in the manifest's alignment) needs N to be a
+        # multiple of that many bytes of output: otherwise the GEMM runs on N rounded up, over zero rows of B
+        # (and a padded column amax), into a padded D whose first n columns are kept.
+        self.d_alignment = kernel.alignment.get("d", 1)  # bytes
+        self.d_align = max(self.d_alignment // out_dtype.itemsize, 1)  # elements
+        self.n_run = -(-n // self.d_align) * self.d_align
+        self.operands = _GEMM_OPERANDS[kernel.family]
+        self.split = None
+        if self.operands is _packed_operands:
+            facts = kernel.facts
+            self.split = split_k(facts["tile_m"], facts["tile_n"], m, self.n_run, k // facts["tile_k"],
+                                 _multiprocessors(a.device.index), facts["split_ctas_per_multiprocessor"])
+        self.workspace_bytes = None  # asked of the library at the first launch, which has the arguments
+
+
+_GEMM_PLANS = {}  # (device, out dtype, M, N, K, operand row strides and address residues) -> _GemmPlan
 _TUNING_CACHES = {}  # device index -> autotune.TuningCache
 
 
 def clear_plans() -> None:
-    """Forget every memoised kernel choice: the next call of each kind of problem chooses again, reading
-    FP4GEN_KERNEL and FP4GEN_AUTOTUNE afresh (measurements on disk stay)."""
+    """Forget every memoised kernel choice and launch plan: the next call of each kind of problem chooses
+    again, reading FP4GEN_KERNEL and FP4GEN_AUTOTUNE afresh (measurements on disk stay)."""
     _PLANS.clear()
     _GEMM_PLANS.clear()
+    _QUANTIZE_PLANS.clear()
 
 
 def _tuning_cache(device: torch.device) -> autotune.TuningCache:
@@ -473,28 +516,43 @@ def gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, measure: boo
     measured choice for their shape class (autotune.py), else the rule's (select.py). With measure=True (an
     eager fp4gen.gemm call) a shape class seen for the first time is measured; otherwise the rule serves
     until it is. FP4GEN_PRINT_CONFIGS=1 prints each choice."""
+    return _gemm_plan(a, b, out_dtype, measure, accumulate).kernel
+
+
+def _gemm_plan(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, measure: bool, accumulate: bool) -> _GemmPlan:
+    """The problem's _GemmPlan, kept once its kernel choice is final (a rule's choice that a later eager call
+    may replace by a measurement is not kept)."""
     (m, k), n = a.shape, b.shape[0]
-    addresses = (_row_start_bits(a.data), _row_start_bits(a.scale), _row_start_bits(b.data),
-                 _row_start_bits(b.scale))
-    # exact M up to 256, where the rule's tile choice depends on it; its class beyond
-    key = (a.device.index, out_dtype, m if m <= 256 else autotune.m_bucket(m), n, k, addresses[0] % 16,
-           addresses[1] % 16, addresses[2] % 16, addresses[3] % 16)
-    kernel = _GEMM_PLANS.get(key)
-    if kernel is not None:
-        return kernel
-    pointers = dict(zip(("a_codes", "a_scale", "b_codes", "b_scale"), addresses))
+    a_data, a_scale, b_data, b_scale = a.data, a.scale, b.data, b.scale
+    key = (a_data.device.index, out_dtype, m, n, k, a_data.stride(0), a_scale.stride(0), b_data.stride(0),
+           b_scale.stride(0), a_data.data_ptr() % 16, a_scale.data_ptr() % 16, b_data.data_ptr() % 16,
+           b_scale.data_ptr() % 16)
+    plan = _GEMM_PLANS.get(key)
+    if plan is None:
+        kernel, final = _choose_gemm_kernel(a, b, out_dtype, measure, accumulate)
+        plan = _GemmPlan(kernel)
+        if final:
+            remember(_GEMM_PLANS, key, plan)
+    return plan
+
+
+def _choose_gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, measure: bool,
+                        accumulate: bool) -> tuple:
+    """(the kernel gemm_kernel describes, whether the choice is final)."""
+    (m, k), n = a.shape, b.shape[0]
+    pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
+                "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
     bucket = autotune.m_bucket(m)
     rule = _kernel_for("gemm", a.device, {"out_dtype": out_dtype}, k, pointers, rows=m)
     if forced_kernels() or not autotune.enabled():
-        _GEMM_PLANS[key] = rule
-        return rule
+        return rule, True
     cache = _tuning_cache(a.device)
     shape_class = (f"gemm|{_dtype_name(out_dtype)}|m{bucket}|n{n}|k{k}|align"
                    + ",".join(str(p % 16) for p in pointers.values()))
     name = cache.get(shape_class)
     if name is None:
         if not measure or _measuring_forbidden():
-            return rule  # not remembered: an eager call measures it later
+            return rule, False  # not remembered: an eager call measures it later
         problem = _problem("gemm", a.device, {"out_dtype": out_dtype}, k, pointers, rows=m)
         candidates = viable(problem, load_manifest())
         name, times = autotune.choose(
@@ -504,8 +562,7 @@ def gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, measure: boo
             measured = ", ".join(f"{c} {t:.4f} ms" if t is not None else f"{c} failed" for c, t in times.items())
             print(f"fp4gen: {problem.describe()} M class {bucket} N {n} K {k} -> {name} (measured: {measured})",
                   file=sys.stderr)
-    kernel = _GEMM_PLANS[key] = load_kernel(name)
-    return kernel
+    return load_kernel(name), True
 
 
 def _time_gemm(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, accumulate: bool) -> float:
@@ -516,8 +573,10 @@ def _time_gemm(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, accum
     device = a.device
     into = torch.zeros(a.shape[0], b.shape[0], dtype=out_dtype, device=device) if accumulate else None
 
+    plan = _GemmPlan(kernel)
+
     def call():
-        _, _, args, keep_alive = _gemm_launch(kernel, a, b, out_dtype, into, accumulate)
+        _, args, keep_alive = _gemm_launch(plan, a, b, out_dtype, into, accumulate)
         _launch(kernel, device, *args)
         del keep_alive
 
@@ -553,42 +612,20 @@ def _time_gemm(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, accum
     return best
 
 
-_GEMM_WORKSPACE = {}  # (kernel, device, m, n, k, operand strides) -> bytes
-_GEMM_WORKSPACE_ENTRIES = 4096  # emptied when full: shapes that change every step must not grow it forever
-
-
-def _gemm_workspace_bytes(kernel, device_index: int, m: int, n: int, k: int, operand_strides: tuple, args: tuple):
-    """The GEMM's workspace, asked of the library once per device and problem shape (it depends on the shape,
-    the split and the device's multiprocessors, not on addresses)."""
-    key = (kernel, device_index, m, n, k, operand_strides)
-    size = _GEMM_WORKSPACE.get(key)
-    if size is None:
-        if len(_GEMM_WORKSPACE) >= _GEMM_WORKSPACE_ENTRIES:
-            _GEMM_WORKSPACE.clear()
-        size = _GEMM_WORKSPACE[key] = kernel.workspace_size(*args, None)
-    return size
-
-
-def _gemm_launch(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool,
+def _gemm_launch(plan: _GemmPlan, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool,
                  bias=None) -> tuple:
-    """(d, n_run, the launch arguments of `kernel` for D = A @ B.T (+ bias) (+ C = out when accumulating),
-    tensors to keep alive until the launch is queued).
+    """(d, the launch arguments of the plan's kernel for D = A @ B.T (+ bias) (+ C = out when accumulating),
+    tensors to keep alive until the launch is queued). D has plan.n_run columns.
 
     The operands go in as the kernel family needs them: packed codes and scales for the Hopper GEMMs that
     read them, block-scaled bf16 scratch for the wgmma one over scratch, packed codes with swizzled scales
     for the Blackwell one."""
     (m, k), n = a.shape, b.shape[0]
-    device = a.device
-    operands = _GEMM_OPERANDS[kernel.family]
-    # A kernel that needs D's rows aligned (a TMA epilogue: `d` in the manifest's alignment) needs N to be a
-    # multiple of that many bytes of output: otherwise the GEMM runs on N rounded up, over zero rows of B
-    # (and a padded column amax), into a padded D whose first n columns are kept.
-    d_alignment = kernel.alignment.get("d", 1)
-    pads_n = d_alignment > 1
-    align = max(d_alignment // out_dtype.itemsize, 1)
-    n_run = -(-n // align) * align
+    if plan.n_run is None:
+        plan.prepare(a, b, out_dtype)
+    n_run = plan.n_run
     # scratch must stay referenced until the launch is queued, or the allocator could hand its memory to d
-    scratch, operand_ptrs, operand_strides = operands(a, b, n_run, kernel)
+    scratch, operand_ptrs, operand_strides = plan.operands(a, b, plan)
     col_amax = b.amax.contiguous()
     if b.row_scaled and n_run != n:
         col_amax = torch.cat([col_amax, col_amax.new_ones(n_run - n)])
@@ -600,20 +637,21 @@ def _gemm_launch(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out
         elif bias.data_ptr() % 16:
             bias = bias.clone()
     if (n_run == n and out is not None and out.stride(1) == 1 and
-            (not pads_n or (out.stride(0) % align == 0 and out.data_ptr() % d_alignment == 0))):
+            (plan.d_alignment == 1 or (out.stride(0) % plan.d_align == 0 and out.data_ptr() % plan.d_alignment == 0))):
         d = out
     else:
-        d = torch.empty(m, n_run, dtype=out_dtype, device=device)
+        d = torch.empty(m, n_run, dtype=out_dtype, device=a.device)
         if accumulate:
             d[:, :n].copy_(out)
     row_amax = a.amax.contiguous()
     args = (*operand_ptrs, d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(),
             bias.data_ptr() if bias is not None else None, gemm_alpha(a, b), 1.0 if accumulate else 0.0, m, n_run,
             k, *operand_strides, d.stride(0), d.stride(0), int(a.row_scaled), int(b.row_scaled))
-    workspace_bytes = _gemm_workspace_bytes(kernel, device.index, m, n_run, k, operand_strides, args)
-    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device) if workspace_bytes else None
+    if plan.workspace_bytes is None:  # it depends on the shape, the split and the device, not on addresses
+        plan.workspace_bytes = plan.kernel.workspace_size(*args, None)
+    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=a.device) if plan.workspace_bytes else None
     args += (workspace.data_ptr() if workspace is not None else None,)
-    return d, n_run, args, (scratch, col_amax, row_amax, bias, workspace)
+    return d, args, (scratch, col_amax, row_amax, bias, workspace)
 
 
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool, bias=None):
@@ -622,12 +660,12 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
     (m, k), n = a.shape, b.shape[0]
     if m == 0 or n == 0:
         return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=a.device)
-    kernel = gemm_kernel(a, b, out_dtype, measure=True, accumulate=accumulate)
-    d, n_run, args, keep_alive = _gemm_launch(kernel, a, b, out_dtype, out, accumulate, bias)
-    _launch(kernel, a.device, *args)
+    plan = _gemm_plan(a, b, out_dtype, True, accumulate)
+    d, args, keep_alive = _gemm_launch(plan, a, b, out_dtype, out, accumulate, bias)
+    _launch(plan.kernel, a.device, *args)
     del keep_alive
     if out is None:
-        return d if n_run == n else d[:, :n]
+        return d if plan.n_run == n else d[:, :n]
     if d is not out:
         out.copy_(d[:, :n])
     return out
