@@ -75,31 +75,36 @@ def _count_optimizer_step(optimizer, args, kwargs):
 register_optimizer_step_post_hook(_count_optimizer_step)
 
 
+def _fprop(ops, x2d, w_row, recipe, need_wgrad, epilogue_bias) -> tuple:
+    """(Y = X Wᵀ (+ the bias, in the epilogue) in x2d's dtype, X's quantize outputs, X's and W's e4m3_max).
+    X's columnwise copy (for wgrad) is made only with need_wgrad."""
+    # X's columnwise copy comes from the same quantize call as its rowwise copy; with hadamard_wgrad that copy
+    # is quantized from the RHT of X along the tokens, like dY's in backward
+    x_hadamard = recipe.hadamard_wgrad and need_wgrad
+    x_four_over_six = recipe.activation_four_over_six
+    q = ops.quantize(x2d, recipe.activation_scaling, [1, BLOCK], True, need_wgrad, "nearest", x_hadamard,
+                     x_four_over_six, _no_rng(x2d))
+    x_e4m3_max = e4m3_max_of(x_four_over_six)
+    w_e4m3_max = e4m3_max_of(recipe.weight_four_over_six)
+    # The bias is added in the GEMM's epilogue (epilogue_bias: Linear._epilogue_bias), in fp32 before Y's
+    # one rounding (no pass over Y).
+    y = ops.gemm(*q[:3], *w_row, GEMM_OUT[x2d.dtype], x_e4m3_max, w_e4m3_max, epilogue_bias)
+    # Convert only when needed: a no-op .to() returns its input, and PyTorch 2.11's compile of an
+    # autograd.Function whose output aliases an intermediate sends the gradient to the wrong output
+    # (zero weight gradients; pytorch/pytorch#180642).
+    if y.dtype != x2d.dtype:
+        y = y.to(x2d.dtype)
+    return y, q, x_e4m3_max, w_e4m3_max
+
+
 class _NVFP4LinearFunction(torch.autograd.Function):
     """Operands are (data, scale, amax) triples from the fp4gen custom ops, so torch.compile traces the
     whole step as opaque operators."""
 
     @staticmethod
     def forward(ctx, x2d, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad, rng_state, epilogue_bias):
-        ops = torch_ops.for_caller()
-        # X's columnwise copy (for wgrad) comes from the same quantize call as its rowwise copy; with
-        # hadamard_wgrad that copy is quantized from the RHT of X along the tokens, like dY's below
-        x_hadamard = recipe.hadamard_wgrad and need_wgrad
-        x_four_over_six = recipe.activation_four_over_six
-        q = ops.quantize(x2d, recipe.activation_scaling, [1, BLOCK], True, need_wgrad, "nearest", x_hadamard,
-                         x_four_over_six, _no_rng(x2d))
-        x_e4m3_max = e4m3_max_of(x_four_over_six)
-        w_e4m3_max = e4m3_max_of(recipe.weight_four_over_six)
-        # The bias is added in the GEMM's epilogue (epilogue_bias: Linear._epilogue_bias), in fp32 before Y's
-        # one rounding (no pass over Y).
-        y_dtype = GEMM_OUT[x2d.dtype]
-        y = ops.gemm(*q[:3], *w_row, y_dtype, x_e4m3_max, w_e4m3_max, epilogue_bias)
-        # Convert only when needed: a no-op .to() returns its input, and PyTorch 2.11's compile of an
-        # autograd.Function whose output aliases an intermediate sends the gradient to the wrong output
-        # (zero weight gradients; pytorch/pytorch#180642).
-        if y.dtype != x2d.dtype:
-            y = y.to(x2d.dtype)
-        ctx.save_for_backward(*q[3:], *w_col)  # NVFP4 copies only; X's are empty without wgrad
+        y, q, x_e4m3_max, w_e4m3_max = _fprop(torch_ops.for_caller(), x2d, w_row, recipe, need_wgrad, epilogue_bias)
+        ctx.save_for_backward(*q[3:], *w_col)  # NVFP4 copies only; X's are absent without wgrad
         ctx.main_grad, ctx.x_dtype, ctx.need_wgrad = main_grad, x2d.dtype, need_wgrad
         ctx.w_dtype, ctx.bias_dtype = weight.dtype, bias.dtype if bias is not None else None
         ctx.needs_x_grad = ctx.needs_input_grad[0]
@@ -285,8 +290,12 @@ class Linear(torch.nn.Linear):
         if need_wgrad and tokens % BLOCK:
             raise ValueError(f"the input flattens to {tokens} tokens; training needs a multiple of {BLOCK} "
                              f"(wgrad contracts over tokens in NVFP4 blocks)")
-        main_grad = main_grad_of(self.weight) if self.accumulate_main_grad else None
         qw_row, qw_col = self._quantized_weight()
+        if not torch.is_grad_enabled():  # inference: no graph to record, nothing to save for backward
+            y = _fprop(torch_ops.for_caller(), x2d, qw_row, self.recipe, False,
+                       self._epilogue_bias(GEMM_OUT[x2d.dtype]))[0]
+            return y.reshape(*x.shape[:-1], self.out_features)
+        main_grad = main_grad_of(self.weight) if self.accumulate_main_grad else None
         # stochastic rounding of dY draws from the device's default state, advanced by each backward
         rng_state = RNGState.default(x2d.device).tensor if self.recipe.stochastic_rounding else _no_rng(x2d)
         y = _NVFP4LinearFunction.apply(x2d, self.weight, self.bias, qw_row, qw_col, self.recipe, main_grad,

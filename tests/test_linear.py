@@ -59,6 +59,28 @@ def test_forward_and_backward_match_the_emulation(dtype, row_scaled, bias):
         assert rel(layer.bias.grad, edb) < tol
 
 
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode", "frozen weight"])
+def test_forward_without_a_graph_equals_the_training_forward(context):
+    # without grad the layer runs its forward computation outside the autograd.Function, and with a frozen
+    # weight (no wgrad) the quantize call makes no columnwise copy of X: the same Y either way, by value
+    torch.manual_seed(4)
+    layer = fp4gen.nn.Linear(64, 48, dtype=torch.bfloat16)
+    x = torch.randn(3, 16, 64, dtype=torch.bfloat16)
+    expected = layer(x.clone().requires_grad_())
+    if context == "frozen weight":
+        layer.requires_grad_(False)
+        xg = x.clone().requires_grad_()
+        y = layer(xg)
+        y.backward(torch.ones_like(y))
+        assert xg.grad is not None and layer.weight.grad is None
+    else:
+        with torch.no_grad() if context == "no_grad" else torch.inference_mode():
+            y = layer(x)
+        assert not y.requires_grad
+    assert y.shape == (3, 16, 48) and y.dtype == torch.bfloat16
+    assert torch.equal(y, expected.detach())
+
+
 def test_close_to_high_precision_linear():
     torch.manual_seed(1)
     layer = fp4gen.nn.Linear(256, 128)
