@@ -340,9 +340,20 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
   }
 }
 
+// The first steps of a GEMM kernel launched by launch_programmatic_dependent: wait until the kernels before it
+// have finished and their writes are visible, then release the launch of the kernel after it (the split-K
+// reduction, or the next operation's kernel; every fp4gen kernel launched as a programmatic dependent waits
+// likewise before it touches global memory), so that launch overlaps this kernel's work.
+__device__ __forceinline__ void wait_for_prerequisites_release_dependents() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+}
+
 // Split K: the partial sums of each output element, added in split order, then the epilogue.
+// Launched as the GEMM's programmatic dependent: it waits for the GEMM's partial sums first.
 template <class OutT>
 __global__ void __launch_bounds__(256) split_k_epilogue_kernel(const Params p) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int64_t elements = p.m * p.n;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < elements;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -402,7 +413,8 @@ inline Params make_params(FP4GEN_FUSED_GEMM_PARAMS) {
 template <class OutT>
 void launch_split_k_epilogue(const Params& params, cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>((params.m * params.n + 255) / 256, 4096);  // grid-stride beyond
-  split_k_epilogue_kernel<OutT><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(params);
+  launch_programmatic_dependent(split_k_epilogue_kernel<OutT>, dim3(static_cast<unsigned>(blocks)), dim3(256), 0,
+                                stream, params);
 }
 
 }  // namespace fused_gemm

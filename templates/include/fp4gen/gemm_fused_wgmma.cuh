@@ -136,6 +136,9 @@ __global__ void __launch_bounds__(256) dequantize_rows_kernel(const uint8_t* cod
                                                               int64_t ld, int64_t ld_scale, int64_t rows, int64_t k,
                                                               uint8_t* half, int64_t rows_per_group,
                                                               int64_t group_stride, int64_t scale_group_stride) {
+  // The dense GEMMs launch as its programmatic dependents (launch_half_a_gemm): let them launch now; they wait
+  // for this kernel's end before they read `half`. Launched plainly itself, it follows what wrote its input.
+  asm volatile("griddepcontrol.launch_dependents;");
   const int64_t blocks_per_row = k / 16, blocks = rows * blocks_per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < blocks;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -326,6 +329,7 @@ __device__ __forceinline__ void gemm_tile(const Params& p, const uint8_t* a_half
 template <int BM, int BN, int kCtas, class OutT>
 __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(const Params p, const uint8_t* a_half) {
   static_assert(fits_multiprocessor<BM, BN, kCtas>(), "the tile's shared memory does not fit kCtas CTAs");
+  fused_gemm::wait_for_prerequisites_release_dependents();  // dequantize_rows' programmatic dependent
   const int all_k_tiles = static_cast<int>(p.k / kTileK);
   const int k_first = static_cast<int>(static_cast<int64_t>(all_k_tiles) * blockIdx.z / p.split_k);
   const int k_tiles = static_cast<int>(static_cast<int64_t>(all_k_tiles) * (blockIdx.z + 1) / p.split_k) - k_first;
@@ -368,7 +372,11 @@ int launch_half_a_gemm(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
                   static_cast<unsigned>(split_k));
-  kKernel<<<grid, kThreads, kSmemBytes, stream>>>(params, a_half);
+  // The GEMM and the split-K reduction launch as programmatic dependents, each while the kernel before it runs
+  // (both wait for it before they read what it writes): the launch gaps between them overlap work.
+  const int launched = launch_programmatic_dependent(kKernel, grid, dim3(kThreads), kSmemBytes, stream, params,
+                                                     a_half);
+  if (launched != kOk) return launched;
   if (split_k > 1) fused_gemm::launch_split_k_epilogue<OutT>(params, stream);
   return launch_status();
 }

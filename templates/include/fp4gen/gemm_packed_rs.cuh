@@ -86,6 +86,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
   using T = Tile<BM, BN>;
   static_assert(fused_wgmma::ctas_fit_multiprocessor(kCtas, T::kSmemBytes),
                 "the tile's shared memory does not fit kCtas CTAs");
+  fused_gemm::wait_for_prerequisites_release_dependents();  // dequantize_rows' programmatic dependent
   constexpr int kStages = T::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t misalignment = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & (kSwizzleBytes - 1);
