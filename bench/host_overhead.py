@@ -5,7 +5,8 @@ Each op is called back to back (no synchronization inside the loop) and the wall
 fastest of several rounds (host timings only gain from noise); "GPU us" is the same call replayed from a CUDA graph, which shows that the device
 finishes long before the host has issued the next call. "launches" counts the kernels (and memsets) one
 call puts on the stream (torch.profiler). The "one thread" rows run backward on the calling thread
-(torch.autograd.set_multithreading_enabled(False)) instead of autograd's device thread."""
+(torch.autograd.set_multithreading_enabled(False)) instead of autograd's device thread; the "no_grad" rows
+time an inference forward, the "frozen weight" rows a step without a weight gradient."""
 import time
 
 import torch
@@ -50,6 +51,8 @@ def cases():
     wq = fp4gen.quantize(w, scaling="tensor", columnwise=False).rowwise
     ref = torch.nn.Linear(COLS, COLS, device=dev, dtype=torch.bfloat16)
     layer = fp4gen.nn.Linear(COLS, COLS, device=dev, dtype=torch.bfloat16)
+    frozen_ref = torch.nn.Linear(COLS, COLS, device=dev, dtype=torch.bfloat16).requires_grad_(False)
+    frozen_layer = fp4gen.nn.Linear(COLS, COLS, device=dev, dtype=torch.bfloat16).requires_grad_(False)
     xg = x.clone().requires_grad_(True)
     dy = torch.randn(ROWS, COLS, device=dev, dtype=torch.bfloat16)
     return [
@@ -65,7 +68,19 @@ def cases():
         # backward on the calling thread instead of autograd's device thread: what the thread handoff costs
         ("torch.nn.Linear fwd+bwd, one thread", single_threaded(lambda: ref(xg).backward(dy))),
         ("fp4gen.nn.Linear fwd+bwd, one thread", single_threaded(lambda: layer(xg).backward(dy))),
+        # inference (rollouts, evaluation) and a frozen weight (no wgrad: adapters on a frozen base)
+        ("torch.nn.Linear forward, no_grad", no_grad(lambda: ref(x))),
+        ("fp4gen.nn.Linear forward, no_grad", no_grad(lambda: layer(x))),
+        ("torch.nn.Linear fwd+bwd, frozen weight", lambda: frozen_ref(xg).backward(dy)),
+        ("fp4gen.nn.Linear fwd+bwd, frozen weight", lambda: frozen_layer(xg).backward(dy)),
     ]
+
+
+def no_grad(fn):
+    def call():
+        with torch.no_grad():
+            fn()
+    return call
 
 
 def single_threaded(fn):
