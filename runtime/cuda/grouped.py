@@ -7,9 +7,17 @@ import torch
 from ..formats import BLOCK, GroupedNVFP4Data
 from ..grouped import capacity, padded_offsets
 from ..options import QuantizeOptions
-from .ops import _capability, _empty, _kernel_for, _launch, _ptr, _row_start_bits, gemm_alpha
+from .ops import _capability, _kernel_for, _launch, _row_start_bits, gemm_alpha
 
 _FOUR_OVER_SIX = {None: 0, "mae": 1, "mse": 2}
+
+
+def _empty(device, *shape, dtype=torch.uint8):
+    return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def _ptr(t):
+    return t.data_ptr() if t is not None else None
 
 
 def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int | None, scaling: str,

@@ -260,10 +260,6 @@ def _rng_state(options: QuantizeOptions):
     return options.rng.tensor if options.rounding == "stochastic" else None
 
 
-def _empty(device, *shape, dtype=torch.uint8):
-    return torch.empty(*shape, dtype=dtype, device=device)
-
-
 def _amax(plan: LaunchPlan, count: int) -> Slot:
     return plan.buffer(count, dtype=torch.float32)
 
@@ -384,10 +380,6 @@ def _plan_amax_hadamard(plan: LaunchPlan, kernel, stride: int, rows: int, cols: 
     per_vector = (row_amax, col_amax) if row_scaled else (None, None)
     per_tensor = (None, None) if row_scaled else (row_amax, col_amax)
     plan.launch(kernel, INPUT, stride, rows, cols, *per_vector, *per_tensor)
-
-
-def _ptr(t):
-    return t.data_ptr() if t is not None else None
 
 
 @functools.lru_cache(maxsize=1024)
