@@ -74,6 +74,28 @@ __host__ __device__ constexpr int64_t quant_tiles_k(int64_t cols) { return (cols
 // Tile and unit indices are 32-bit; quantize_can_implement refuses more tiles than this (2^42 elements).
 constexpr int64_t kMaxQuantTiles = int64_t{1} << 30;
 
+// The transpose of an 8 x 8 matrix of 4-bit codes held a row a word (nibble c of w[k] is element (k, c)), in
+// place: elements (k, c) and (c, k) trade places by three exchanges between rows 4, 2 and 1 apart, of the
+// elements whose column differs from their row in that bit; the first two move whole bytes (one byte permute
+// an output word), the last nibbles (a shift and a masked merge each). 32 instructions for 64 codes.
+__device__ __forceinline__ void transpose_code_nibbles(uint32_t (&w)[8]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t a = w[k], b = w[k + 4];
+    w[k] = __byte_perm(a, b, 0x5410), w[k + 4] = __byte_perm(a, b, 0x7632);
+  }
+#pragma unroll
+  for (int k = 0; k < 8; k += (k % 2 ? 3 : 1)) {  // rows 0, 1, 4, 5 with rows 2, 3, 6, 7
+    const uint32_t a = w[k], b = w[k + 2];
+    w[k] = __byte_perm(a, b, 0x6240), w[k + 2] = __byte_perm(a, b, 0x7351);
+  }
+#pragma unroll
+  for (int k = 0; k < 8; k += 2) {
+    const uint32_t a = w[k], b = w[k + 1];
+    w[k] = (a & 0x0F0F0F0Fu) | ((b << 4) & 0xF0F0F0F0u), w[k + 1] = ((a >> 4) & 0x0F0F0F0Fu) | (b & 0xF0F0F0F0u);
+  }
+}
+
 // Where a lane's patch lies in its warp's tile, for an input type.
 template <class InT>
 struct QuantLane {
@@ -299,9 +321,16 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // may take the fast encode; other tiles take __frcp_rn and the exact encode.
   bool rows_special = false, cols_special = false;
   auto special = [](float amax, GlobalScale g) { return isnan(amax) || !block_reciprocals_in_range(g); };
+  // 16x16 blocks, both copies: the columnwise codes are the rowwise codes transposed (a 16 x 16 block has one
+  // scale and both copies one global scale, so each element has one code), so both copies take the rowwise amax
+  // (callers pass the tensor's amax for both); the transpose costs about half an instruction a code against the
+  // seven or so of encoding it again, and took the 16-bit kernels' spills away (ptxas: 104 and 48 bytes to 0).
+  constexpr bool kTransposeCodes = k2D && kRowwise && kColwise;
   if constexpr (!kRowScaled) {
+    const float* col_amax_source = kTransposeCodes ? row_amax : col_amax;
     if (kRowwise) tensor_row_global = global_scale(row_amax[0]), rows_special = special(row_amax[0], tensor_row_global);
-    if (kColwise) tensor_col_global = global_scale(col_amax[0]), cols_special = special(col_amax[0], tensor_col_global);
+    if (kColwise)
+      tensor_col_global = global_scale(col_amax_source[0]), cols_special = special(col_amax_source[0], tensor_col_global);
   }
 
   // Whether an output's 16-byte pieces (its scales' kColScaleBytes pieces) are aligned wherever they start:
@@ -489,11 +518,13 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
       // 2026-11-30); the others, not measured that way, keep one loop body.
 #pragma unroll(kRowwise ? 1 : 2)
       for (int half = 0; half < 2; ++half, row_dst += 8 * kCodeStageBytes) {
-        uint32_t col_words[kColwise ? kVec : 1], col_signs[kColwise && kFast ? kVec : 1];
+        constexpr bool kEncodeCols = kColwise && !kTransposeCodes;
+        uint32_t col_words[kEncodeCols ? kVec : 1], col_signs[kEncodeCols && kFast ? kVec : 1];
+        [[maybe_unused]] uint32_t half_codes[kTransposeCodes ? 8 : 1];  // the half's rowwise codes, row by row
 #pragma unroll
-        for (int c = 0; c < (kColwise ? kVec : 1); ++c) col_words[c] = code_word_start<kHardwareCvt, 8>();
+        for (int c = 0; c < (kEncodeCols ? kVec : 1); ++c) col_words[c] = code_word_start<kHardwareCvt, 8>();
 #pragma unroll
-        for (int c = 0; c < (kColwise && kFast ? kVec : 1); ++c) col_signs[c] = 0u;
+        for (int c = 0; c < (kEncodeCols && kFast ? kVec : 1); ++c) col_signs[c] = 0u;
         // the fast encode takes the row pairs last to first: a column's sign nibbles are pushed from the top
 #pragma unroll
         for (int step = 0; step < 4; ++step) {
@@ -522,9 +553,11 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
               } else {
                 *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(codes[h]);
               }
+              // (a row of kVec = 4 codes is the low half of a word: the transpose's upper columns stay zero)
+              if constexpr (kTransposeCodes) half_codes[2 * pp + h] = kVec == 8 ? codes[h] : codes[h] & 0xFFFFu;
             }
           }
-          if constexpr (kColwise) {
+          if constexpr (kEncodeCols) {
 #pragma unroll
             for (int c = 0; c < kVec; ++c) {
               if constexpr (kFast) {
@@ -542,12 +575,13 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
         if constexpr (kColwise) {
           // the column's bytes of the group's rows 8 * half ... + 7, within the CTA's rows
           const int offset = warp * (L::kTileRows / 2) + group * 8 + half * 4;
+          if constexpr (kTransposeCodes) transpose_code_nibbles(half_codes);  // half_codes[c]: column c's codes
 #pragma unroll
           for (int c = 0; c < kVec; ++c) {
             const int col = kc * kVec + c;
-            if constexpr (kFast) col_words[c] |= col_signs[c] & kSignNibbleBits;
+            if constexpr (kEncodeCols && kFast) col_words[c] |= col_signs[c] & kSignNibbleBits;
             *reinterpret_cast<uint32_t*>(&col_code_stage[col][col_code_piece(col, offset / 16) * 16 + offset % 16]) =
-                col_words[c];
+                kTransposeCodes ? half_codes[c] : col_words[c];
           }
         }
         // the second half's rows move to where the loop body reads the first half's
