@@ -50,9 +50,10 @@
 namespace fp4gen {
 
 constexpr int kQuantWarps = 4, kQuantThreads = 32 * kQuantWarps, kQuantTileCols = 64;
-// A CTA's unit of work: kUnitTiles consecutive tile columns of kQuantWarps consecutive tile rows, one per
-// warp. A warp's rowwise codes leave every kCodeStageTiles tiles (64 bytes a row), its rowwise scales at
-// the end of the unit (32 bytes a row).
+// A CTA's unit of work: unit_tiles consecutive tile columns of kQuantWarps consecutive tile rows, one per
+// warp; unit_tiles is kUnitTiles, or a half or a quarter of it where the units would not fill the GPU (see
+// quant_unit_tiles_for). A warp's rowwise codes leave every kCodeStageTiles tiles (64 bytes a row), its rowwise
+// scales at the end of the unit (4 bytes a tile and row).
 constexpr int kUnitTiles = 8, kCodeStageTiles = 2;
 // The row-scaled columnwise-only kernel (the pass after the row pass, row_pass.cuh) has no rowwise stages and
 // takes single tiles instead, dealt to the CTAs in turn in row-major order, with loads and stores that leave
@@ -62,9 +63,16 @@ template <bool kRowwise, bool kColwise, bool kRowScaled>
 constexpr bool quant_after_row_pass() {
   return kRowScaled && kColwise && !kRowwise;
 }
-template <bool kRowwise, bool kColwise, bool kRowScaled>
-constexpr int quant_unit_tiles() {
-  return quant_after_row_pass<kRowwise, kColwise, kRowScaled>() ? 1 : kUnitTiles;
+// Tiles a unit for a tensor of tile_rows x tiles_k tiles on a GPU of `slots` CTA slots: kUnitTiles, halved (to
+// at least kCodeStageTiles, so that units start at even tiles and the codes' stage stays whole) while the units
+// would fill fewer than three quarters of the slots. With whole units an 8192 x 4096 tensor gave each H200
+// multiprocessor two CTAs (8 warps) where four fit, and a 4096 x 4096 one a single CTA.
+__host__ __device__ constexpr int quant_unit_tiles_for(int64_t tile_rows, int64_t tiles_k, int64_t slots) {
+  const int64_t unit_rows = (tile_rows + kQuantWarps - 1) / kQuantWarps;
+  int unit_tiles = kUnitTiles;
+  while (unit_tiles > kCodeStageTiles && 4 * unit_rows * ((tiles_k + unit_tiles - 1) / unit_tiles) < 3 * slots)
+    unit_tiles /= 2;
+  return unit_tiles;
 }
 constexpr int kCodeStageBytes = kCodeStageTiles * kQuantTileCols / 2, kScaleStageBytes = kUnitTiles * kQuantTileCols / 16;
 // A lane holds its patch in 64 registers; at most 128 per thread gives 4 CTAs, 16 warps, per SM.
@@ -239,7 +247,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     quantize_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
                     const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                     uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale, uint8_t* __restrict__ col_data,
-                    uint8_t* __restrict__ col_scale, const int64_t* __restrict__ rng_state) {
+                    uint8_t* __restrict__ col_scale, const int64_t* __restrict__ rng_state, int unit_tiles_arg) {
   using L = QuantLane<InT>;
   const int64_t matrix = blockIdx.y;
   x += matrix * rows * x_row_stride;
@@ -267,7 +275,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // rows first, found about twice as much of x in L2 but measured about 1 us slower on 8192x8192 on the H200:
   // bench/RESULTS.md, b43f5ad, 2026-11-30.)
   constexpr bool kAfterRowPass = quant_after_row_pass<kRowwise, kColwise, kRowScaled>();
-  constexpr int kThisUnitTiles = quant_unit_tiles<kRowwise, kColwise, kRowScaled>();
+  const int unit_tiles = kAfterRowPass ? 1 : unit_tiles_arg;  // a divisor of kUnitTiles (quant_unit_tiles_for)
   // Each warp's rowwise outputs: its tile row's codes of kCodeStageTiles consecutive tiles and its scales
   // of the unit's kUnitTiles tiles.
   __shared__ __align__(16) uint8_t row_code_stage[kRowwise ? kQuantWarps : 1][L::kTileRows][kCodeStageBytes];
@@ -291,7 +299,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   const int kc = lane % L::kLanesK, group = lane / L::kLanesK, q = lane % kBlockLanes;
   const int block = kc / kBlockLanes;  // the lane's rowwise block within the tile
   const int tiles_k = static_cast<int>(quant_tiles_k(cols));
-  const int units_k = (tiles_k + kThisUnitTiles - 1) / kThisUnitTiles;
+  const int units_k = (tiles_k + unit_tiles - 1) / unit_tiles;
   const int tiles_m = static_cast<int>((rows + L::kTileRows - 1) / L::kTileRows);
   const int n_units = (tiles_m + kQuantWarps - 1) / kQuantWarps * units_k;
   const int ctas = gridDim.x, cta = blockIdx.x;
@@ -409,11 +417,11 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     __syncwarp();
   };
 
-  // The CTA's units in turn, its warps in step: a unit is kThisUnitTiles consecutive tiles (the last of a row
+  // The CTA's units in turn, its warps in step: a unit is unit_tiles consecutive tiles (the last of a row
   // may have fewer) of kQuantWarps consecutive tile rows, one per warp.
   auto unit_tm = [&](int unit) { return unit / units_k * kQuantWarps + warp; };  // row-major
-  auto unit_first_tk = [&](int unit) { return unit % units_k * kThisUnitTiles; };
-  auto unit_end_tk = [&](int unit) { return std::min(unit_first_tk(unit) + kThisUnitTiles, tiles_k); };
+  auto unit_first_tk = [&](int unit) { return unit % units_k * unit_tiles; };
+  auto unit_end_tk = [&](int unit) { return std::min(unit_first_tk(unit) + unit_tiles, tiles_k); };
   int unit = first_unit, tm = unit_tm(unit), tk = unit_first_tk(unit);
 
   // A lane's patch: rows [first, first + 8) of its 16 rows of tile (tm, tk) into dst[0..8), straight into
@@ -709,9 +717,26 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
       if (tk % kCodeStageTiles == kCodeStageTiles - 1 || unit_ends)
         flush_rows(row_data, row_data_pitch, (k0 - tk % kCodeStageTiles * kQuantTileCols) / 2,
                    &row_code_stage[warp][0][0], std::integral_constant<int, kCodeStageBytes>{}, m0, row_data_vec);
-      if (unit_ends)
-        flush_rows(row_scale, row_scale_pitch, int64_t{unit_first_tk(unit)} * (kQuantTileCols / 16),
-                   &row_scale_stage[warp][0][0], std::integral_constant<int, kScaleStageBytes>{}, m0, row_scale_vec);
+      if (unit_ends) {
+        // the unit's tiles hold stage bytes from (its first tile % kUnitTiles) * 4 on, unit_tiles * 4 a row
+        const int64_t first_byte = int64_t{unit_first_tk(unit)} * (kQuantTileCols / 16);
+        const uint8_t* stage = &row_scale_stage[warp][0][unit_first_tk(unit) % kUnitTiles * L::kTileBlocks];
+        if (unit_tiles == kUnitTiles) {
+          flush_rows(row_scale, row_scale_pitch, first_byte, stage, std::integral_constant<int, kScaleStageBytes>{}, m0,
+                     row_scale_vec);
+        } else {  // 8-byte pieces (unit_tiles is 2 or 4)
+          const int pieces = unit_tiles * L::kTileBlocks / 8;
+          __syncwarp();  // every lane's scales are staged
+          for (int id = lane; id < L::kTileRows * pieces; id += 32) {
+            const int r = id / pieces, piece = id % pieces;
+            const int64_t offset = first_byte + 8 * piece;
+            const int n = static_cast<int>(std::min<int64_t>(row_scale_pitch - offset, 8));
+            if (m0 + r >= rows || n <= 0) continue;
+            store_piece<8>(row_scale + (m0 + r) * row_scale_pitch + offset, stage + r * kScaleStageBytes + 8 * piece, n);
+          }
+          __syncwarp();  // the stage may be refilled
+        }
+      }
     }
     if (kRowScaled && has_next) publish_global_scales(next_tm != tm, next_tk != tk);
     unit = next_unit, tm = next_tm, tk = next_tk;
@@ -751,20 +776,22 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
   if (!current_device_multiprocessors(&device, &sms) || !cached_occupancy<kernel>(device, kQuantThreads, 0, &per_sm))
     return launch_status();
   constexpr int64_t kTileRows = QuantLane<InT>::kTileRows;
-  constexpr int64_t kUnitCols = quant_unit_tiles<kRowwise, kColwise, kRowScaled>() * kQuantTileCols;
-  const int64_t units = ((rows + kTileRows * kQuantWarps - 1) / (kTileRows * kQuantWarps)) * ((cols + kUnitCols - 1) / kUnitCols);
-  int64_t grid = std::min<int64_t>(units, static_cast<int64_t>(sms) * std::max(per_sm, 1));
+  const int64_t slots = static_cast<int64_t>(sms) * std::max(per_sm, 1), tiles_k = quant_tiles_k(cols);
+  const int64_t tile_rows = (rows + kTileRows - 1) / kTileRows;
+  const int unit_tiles = quant_after_row_pass<kRowwise, kColwise, kRowScaled>() ? 1
+                                                                                : quant_unit_tiles_for(tile_rows, tiles_k, slots);
+  const int64_t units = (tile_rows + kQuantWarps - 1) / kQuantWarps * ((tiles_k + unit_tiles - 1) / unit_tiles);
+  int64_t grid = std::min<int64_t>(units, slots);
   if constexpr (quant_after_row_pass<kRowwise, kColwise, kRowScaled>()) {
     // a multiple of the tile columns, so that each CTA's tiles (dealt in turn) share one tile column and its
     // columns' global scales are made once: a grid of every slot measured 1.6-1.8 us slower on the row-scaled
     // call on the H200, and still slower with those scales made free (bench/RESULTS.md, a32b33d, 2026-11-30)
-    const int64_t tiles_k = quant_tiles_k(cols);
     if (grid >= tiles_k) grid = grid / tiles_k * tiles_k;
   }
   // the programmatic dependent of the kernel before it (the kernel waits for it before it reads the amaxes)
   return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
                                        static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
-                                       row_data, row_scale, col_data, col_scale, rng_state);
+                                       row_data, row_scale, col_data, col_scale, rng_state, unit_tiles);
 }
 
 }  // namespace fp4gen

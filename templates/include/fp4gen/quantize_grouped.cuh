@@ -462,7 +462,7 @@ int launch_stacked_plain(const GroupedQuantizeArgs& a, int64_t group_rows, cudaS
                                        dim3(kQuantThreads), 0, stream, static_cast<const InT*>(a.x), a.x_row_stride,
                                        group_rows, a.cols, static_cast<const float*>(a.row_amax),
                                        static_cast<const float*>(a.col_amax), a.row_data, a.row_scale, a.col_data,
-                                       a.col_scale, static_cast<const int64_t*>(nullptr));
+                                       a.col_scale, static_cast<const int64_t*>(nullptr), kUnitTiles);
 }
 
 // Zeroes the amaxes, runs the amax pass, then the encode pass of the options asked for.
