@@ -718,24 +718,20 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
         flush_rows(row_data, row_data_pitch, (k0 - tk % kCodeStageTiles * kQuantTileCols) / 2,
                    &row_code_stage[warp][0][0], std::integral_constant<int, kCodeStageBytes>{}, m0, row_data_vec);
       if (unit_ends) {
-        // the unit's tiles hold stage bytes from (its first tile % kUnitTiles) * 4 on, unit_tiles * 4 a row
+        // The unit's scales: stage bytes from (its first tile % kUnitTiles) * 4 on, unit_tiles * 4 a row, in
+        // 8-byte pieces (1, 2 or 4 a row; one loop for every unit width keeps the tile loop's code small).
         const int64_t first_byte = int64_t{unit_first_tk(unit)} * (kQuantTileCols / 16);
         const uint8_t* stage = &row_scale_stage[warp][0][unit_first_tk(unit) % kUnitTiles * L::kTileBlocks];
-        if (unit_tiles == kUnitTiles) {
-          flush_rows(row_scale, row_scale_pitch, first_byte, stage, std::integral_constant<int, kScaleStageBytes>{}, m0,
-                     row_scale_vec);
-        } else {  // 8-byte pieces (unit_tiles is 2 or 4)
-          const int pieces = unit_tiles * L::kTileBlocks / 8;
-          __syncwarp();  // every lane's scales are staged
-          for (int id = lane; id < L::kTileRows * pieces; id += 32) {
-            const int r = id / pieces, piece = id % pieces;
-            const int64_t offset = first_byte + 8 * piece;
-            const int n = static_cast<int>(std::min<int64_t>(row_scale_pitch - offset, 8));
-            if (m0 + r >= rows || n <= 0) continue;
-            store_piece<8>(row_scale + (m0 + r) * row_scale_pitch + offset, stage + r * kScaleStageBytes + 8 * piece, n);
-          }
-          __syncwarp();  // the stage may be refilled
+        const int piece_shift = unit_tiles / 4;  // log2 of the pieces a row: unit_tiles 2, 4, 8 -> 0, 1, 2
+        __syncwarp();  // every lane's scales are staged
+        for (int id = lane; id < L::kTileRows << piece_shift; id += 32) {
+          const int r = id >> piece_shift, piece = id & ((1 << piece_shift) - 1);
+          const int64_t offset = first_byte + 8 * piece;
+          const int n = static_cast<int>(std::min<int64_t>(row_scale_pitch - offset, 8));
+          if (m0 + r >= rows || n <= 0) continue;
+          store_piece<8>(row_scale + (m0 + r) * row_scale_pitch + offset, stage + r * kScaleStageBytes + 8 * piece, n);
         }
+        __syncwarp();  // the stage may be refilled
       }
     }
     if (kRowScaled && has_next) publish_global_scales(next_tm != tm, next_tk != tk);
