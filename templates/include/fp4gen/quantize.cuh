@@ -21,7 +21,7 @@
 // straight from the lanes is its own request. So outputs are gathered in shared memory and leave in
 // larger pieces: the CTA's warps take stacked tile rows and walk the same tile columns in step, so a
 // tile column's columnwise codes leave as 128-byte lines per column (after a CTA barrier), and each warp
-// keeps its rowwise codes of kCodeStageTiles tiles and its rowwise scales of a unit's kUnitTiles tiles.
+// keeps its rowwise codes of kCodeStageTiles tiles and its rowwise scales of a unit's tiles (up to kUnitTiles).
 // With row scaling, the global scales of a tile's rows and columns are computed once per warp (the lanes
 // in turn, from amaxes loaded a tile ahead) into the warp's shared memory. Whole tiles leave the stages
 // with plain 16-byte stores; only tiles at the tensor's edges go piece by piece with bounds tests.
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   constexpr bool kAfterRowPass = quant_after_row_pass<kRowwise, kColwise, kRowScaled>();
   const int unit_tiles = kAfterRowPass ? 1 : unit_tiles_arg;  // a divisor of kUnitTiles (quant_unit_tiles_for)
   // Each warp's rowwise outputs: its tile row's codes of kCodeStageTiles consecutive tiles and its scales
-  // of the unit's kUnitTiles tiles.
+  // of the unit's tiles (a stage row holds kUnitTiles tiles' scales; a narrower unit uses part of it).
   __shared__ __align__(16) uint8_t row_code_stage[kRowwise ? kQuantWarps : 1][L::kTileRows][kCodeStageBytes];
   __shared__ __align__(16) uint8_t row_scale_stage[kRowwise ? kQuantWarps : 1][L::kTileRows][kScaleStageBytes];
   // Columnwise outputs of the CTA's current tiles (its warps' tile rows are stacked), gathered so that a
@@ -345,7 +345,6 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // then whole tiles leave with plain vector stores and no per-piece tests.
   auto vector_ok = [](const uint8_t* base, int64_t pitch, int bytes) { return aligned(base, bytes) && pitch % bytes == 0; };
   const bool row_data_vec = kRowwise && vector_ok(row_data, row_data_pitch, 16);
-  const bool row_scale_vec = kRowwise && vector_ok(row_scale, row_scale_pitch, 16);
   const bool col_data_vec = kColwise && vector_ok(col_data, col_data_pitch, 16);
   const bool col_scale_vec = kColwise && vector_ok(col_scale, col_scale_pitch, kColScaleBytes);
 
