@@ -85,6 +85,19 @@ def test_every_variant_equals_reference(dtype, direction, scaling, block, rows, 
     assert_same(x, scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("rows,cols", [(2064, 8208), (4112, 8208), (8208, 8208)])
+def test_units_of_every_width_equal_reference(dtype, rows, cols):
+    # The quantize kernel's CTAs take units of 8, 4 or 2 tile columns, narrower where the tensor would not fill
+    # the GPU: the shapes above take 2-tile units, these (a part tile row and column left over) also 4- and
+    # 8-tile ones on a GPU of about 130 multiprocessors (an H200: bf16 2, 4 and 8; fp32 4, 8 and 8).
+    torch.manual_seed(rows)
+    x = (torch.randn(rows, cols, device="cuda") * 3).to(dtype)
+    for scaling, block in MODES[1:]:  # per tensor, 1x16 and 16x16 (row scaling takes the row pass here)
+        for rowwise, columnwise in DIRECTIONS.values():
+            assert_same(x, scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("scaling", ["row", "tensor"])
 @pytest.mark.parametrize("rows,cols", [(1, 16), (37, 80), (1001, 4112)])
