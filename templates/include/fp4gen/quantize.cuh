@@ -23,8 +23,9 @@
 // tile column's columnwise codes leave as 128-byte lines per column (after a CTA barrier), and each warp
 // keeps its rowwise codes of kCodeStageTiles tiles and its rowwise scales of a unit's tiles (up to kUnitTiles).
 // With row scaling, the global scales of a tile's rows and columns are computed once per warp (the lanes
-// in turn, from amaxes loaded a tile ahead) into the warp's shared memory. Whole tiles leave the stages
-// with plain 16-byte stores; only tiles at the tensor's edges go piece by piece with bounds tests.
+// in turn, from amaxes loaded a tile ahead) into the warp's shared memory. Whole tiles' codes and columnwise
+// scales leave the stages with plain 16-byte stores, only tiles at the tensor's edges piece by piece with
+// bounds tests; a unit's rowwise scales leave in 8-byte pieces, each tested.
 //
 // On sm_90a, a 16-bit tile whose every block passes fast_encode_ok (nvfp4.cuh: no code can saturate, no
 // product can underflow to -0, no NaN in the tile's rows or columns) is encoded by encode_codes_fast,
