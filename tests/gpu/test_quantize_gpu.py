@@ -98,6 +98,23 @@ def test_units_of_every_width_equal_reference(dtype, rows, cols):
             assert_same(x, scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
 
 
+@pytest.mark.parametrize("rows,cols", [(2064, 8208), (7936, 8208), (26640, 8208)])
+def test_stochastic_units_of_both_widths_equal_reference(rows, cols):
+    # The stochastic kernels take 2-tile units unless the units fill one wave of CTAs (90% or more) or 8-tile
+    # ones make three: on an H200 (528 CTA slots) the shapes take 2-tile units, 8-tile units in one wave (527)
+    # and in three (1785). The same random state on both backends.
+    torch.manual_seed(rows)
+    x = (torch.randn(rows, cols, device="cuda") * 3).to(torch.bfloat16)
+    for rowwise, columnwise in DIRECTIONS.values():
+        kw = dict(scaling="tensor", rowwise=rowwise, columnwise=columnwise, rounding="stochastic")
+        got = fp4gen.quantize(x, rng=fp4gen.RNGState(7, device=x.device), **kw)
+        ref = fp4gen.quantize(x, backend="reference", rng=fp4gen.RNGState(7, device=x.device), **kw)
+        for direction in ("rowwise", "columnwise"):
+            assert (getattr(got, direction) is None) == (getattr(ref, direction) is None)
+            if getattr(ref, direction) is not None:
+                assert_same_operand(getattr(got, direction), getattr(ref, direction))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("scaling", ["row", "tensor"])
 @pytest.mark.parametrize("rows,cols", [(1, 16), (37, 80), (1001, 4112)])

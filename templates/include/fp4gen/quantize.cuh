@@ -64,16 +64,24 @@ template <bool kRowwise, bool kColwise, bool kRowScaled>
 constexpr bool quant_after_row_pass() {
   return kRowScaled && kColwise && !kRowwise;
 }
-// Tiles a unit for a tensor of tile_rows x tiles_k tiles on a GPU of `slots` CTA slots: kUnitTiles, halved (to
-// at least kCodeStageTiles, so that units start at even tiles and the codes' stage stays whole) while the units
-// would fill fewer than three quarters of the slots. With whole units an 8192 x 4096 tensor gave each H200
-// multiprocessor two CTAs (8 warps) where four fit, and a 4096 x 4096 one a single CTA.
-__host__ __device__ constexpr int quant_unit_tiles_for(int64_t tile_rows, int64_t tiles_k, int64_t slots) {
+// Tiles a unit for a tensor of tile_rows x tiles_k tiles on a GPU of `slots` CTA slots. Round to nearest:
+// kUnitTiles, halved (to at least kCodeStageTiles, so that units start at even tiles and the codes' stage stays
+// whole) while the units would fill less than 70% of the slots; with whole units an 8192 x 4096 tensor gave
+// each H200 multiprocessor two CTAs (8 warps) where four fit, and a 4096 x 4096 one a single CTA. Stochastic
+// rounding, whose tiles take about twice as long: the same width where its units fill at least 90% of one
+// wave or whole units make at least three waves, else kCodeStageTiles. The thresholds are where the widths
+// crossed on the H200 (bench/RESULTS.md, 2026-12-02): 8192 x 6144 to nearest ran 5% faster in whole units than
+// in halves at 73% of the slots; the stochastic kernels ran 5-8% faster in the narrowest units on tensors of
+// one to three waves, about 1% slower on a nearly full single wave and about 2% slower from three waves on.
+__host__ __device__ constexpr int quant_unit_tiles_for(int64_t tile_rows, int64_t tiles_k, int64_t slots,
+                                                       bool stochastic) {
   const int64_t unit_rows = (tile_rows + kQuantWarps - 1) / kQuantWarps;
+  auto units = [&](int64_t unit_tiles) { return unit_rows * ((tiles_k + unit_tiles - 1) / unit_tiles); };
   int unit_tiles = kUnitTiles;
-  while (unit_tiles > kCodeStageTiles && 4 * unit_rows * ((tiles_k + unit_tiles - 1) / unit_tiles) < 3 * slots)
-    unit_tiles /= 2;
-  return unit_tiles;
+  while (unit_tiles > kCodeStageTiles && 10 * units(unit_tiles) < 7 * slots) unit_tiles /= 2;
+  if (!stochastic) return unit_tiles;
+  const bool one_full_wave = units(unit_tiles) <= slots && 10 * units(unit_tiles) >= 9 * slots;
+  return one_full_wave || units(kUnitTiles) >= 3 * slots ? unit_tiles : kCodeStageTiles;
 }
 constexpr int kCodeStageBytes = kCodeStageTiles * kQuantTileCols / 2, kScaleStageBytes = kUnitTiles * kQuantTileCols / 16;
 // A lane holds its patch in 64 registers; at most 128 per thread gives 4 CTAs, 16 warps, per SM.
@@ -774,8 +782,9 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
   constexpr int64_t kTileRows = QuantLane<InT>::kTileRows;
   const int64_t slots = static_cast<int64_t>(sms) * std::max(per_sm, 1), tiles_k = quant_tiles_k(cols);
   const int64_t tile_rows = (rows + kTileRows - 1) / kTileRows;
-  const int unit_tiles = quant_after_row_pass<kRowwise, kColwise, kRowScaled>() ? 1
-                                                                                : quant_unit_tiles_for(tile_rows, tiles_k, slots);
+  const int unit_tiles = quant_after_row_pass<kRowwise, kColwise, kRowScaled>()
+                             ? 1
+                             : quant_unit_tiles_for(tile_rows, tiles_k, slots, kStochastic);
   const int64_t units = (tile_rows + kQuantWarps - 1) / kQuantWarps * ((tiles_k + unit_tiles - 1) / unit_tiles);
   int64_t grid = std::min<int64_t>(units, slots);
   if constexpr (quant_after_row_pass<kRowwise, kColwise, kRowScaled>()) {
