@@ -4,12 +4,12 @@
 
 using InT = __nv_bfloat16;
 
-FP4GEN_EXPORT int amax_hadamard_bf16_sm90a_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax) {
-  return fp4gen::amax_hadamard_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, row_tensor_amax, col_tensor_amax);
+FP4GEN_EXPORT int amax_hadamard_bf16_sm90a_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax, float* col_sum, void* workspace) {
+  return fp4gen::amax_hadamard_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, row_tensor_amax, col_tensor_amax, col_sum, workspace);
 }
 
-FP4GEN_EXPORT size_t amax_hadamard_bf16_sm90a_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax) { return 0; }
+FP4GEN_EXPORT size_t amax_hadamard_bf16_sm90a_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax, float* col_sum, void* workspace) { return fp4gen::amax_hadamard_workspace_size<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, row_tensor_amax, col_tensor_amax, col_sum, workspace); }
 
-FP4GEN_EXPORT int amax_hadamard_bf16_sm90a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax, cudaStream_t stream) {
-  return fp4gen::amax_hadamard_run<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, row_tensor_amax, col_tensor_amax, stream);
+FP4GEN_EXPORT int amax_hadamard_bf16_sm90a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax, float* col_sum, void* workspace, cudaStream_t stream) {
+  return fp4gen::amax_hadamard_run<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, row_tensor_amax, col_tensor_amax, col_sum, workspace, stream);
 }

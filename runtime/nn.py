@@ -120,9 +120,15 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         recipe = ctx.recipe
         dy = dy.contiguous()
         dx = dw = db = None
+        # db from the pass that quantizes dY (its amax pass sums the columns) where that pass has an amax pass of
+        # its own: tensor-scaled gradients in eager mode; else summed on its own below
+        sums_with_dy = ctx.bias_dtype is not None and recipe.gradient_scaling == "tensor" and ops is torch_ops.EAGER
         if ctx.needs_x_grad or ctx.need_wgrad:
             q = ops.quantize(dy, recipe.gradient_scaling, [1, BLOCK], ctx.needs_x_grad, ctx.need_wgrad,
-                             recipe.gradient_rounding, recipe.hadamard_wgrad and ctx.need_wgrad, None, ctx.rng_state)
+                             recipe.gradient_rounding, recipe.hadamard_wgrad and ctx.need_wgrad, None, ctx.rng_state,
+                             *((True,) if sums_with_dy else ()))
+            if sums_with_dy:
+                db, q = _as(q[6], ctx.bias_dtype), q[:6]
             if ctx.needs_x_grad:  # dgrad: dY [M, N] x (W columnwise = Wᵀ [K, N])
                 dx = _as(ops.gemm(*q[:3], *w_col, GEMM_OUT[ctx.x_dtype], 448.0, ctx.w_e4m3_max), ctx.x_dtype)
             if ctx.need_wgrad:  # wgrad: (dY columnwise = dYᵀ [N, M]) x (X columnwise = Xᵀ [K, M])
@@ -132,7 +138,7 @@ class _NVFP4LinearFunction(torch.autograd.Function):
                     # epilogue writes bf16 and fp32 itself (one rounding of its fp32 result, as a separate
                     # conversion would do, without the extra launch and fp32 copy); fp16 goes through fp32.
                     dw = _as(ops.gemm(*q[3:], *x_col, GEMM_OUT[ctx.w_dtype], 448.0, ctx.x_e4m3_max), ctx.w_dtype)
-        if ctx.bias_dtype is not None:  # summed in fp32 (no fp32 copy of dY), rounded once to the bias's dtype
+        if ctx.bias_dtype is not None and db is None:  # summed in fp32, rounded once to the bias's dtype
             db = _as(dy.sum(0, dtype=torch.float32), ctx.bias_dtype)
         return dx, dw, db, None, None, None, None, None, None, None
 

@@ -167,8 +167,9 @@ def _random_bytes(rng, copy: int, shape) -> torch.Tensor | None:
 
 
 def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-             options: QuantizeOptions = DEFAULT_OPTIONS):
-    """Quantize a validated 2-D input; returns (rowwise, columnwise) NVFP4Data or None each.
+             options: QuantizeOptions = DEFAULT_OPTIONS, column_sums: bool = False):
+    """Quantize a validated 2-D input; returns (rowwise, columnwise) NVFP4Data or None each, and with column_sums
+    (tensor scaling) x2d's column sums in fp32 after them.
 
     options (validated by fp4gen.quantize): stochastic rounding draws each copy's bits from options.rng (which
     fp4gen.quantize then advances); hadamard quantizes the columnwise copy from the transform of x.T, with its own amax;
@@ -191,6 +192,10 @@ def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, colum
             amax = row.amax if shared else _abs_max(xt, amax_dims).reshape(-1)
             col = _quantize_1d(xt, amax, _random_bytes(rng, 1, xt.shape), fos)
         result = row, col
+    if column_sums:
+        if scaling != "tensor":
+            raise ValueError("column_sums are made with tensor scaling; scaling is " + repr(scaling))
+        result = (*result, x2d.sum(0, dtype=torch.float32))
     return result
 
 

@@ -48,14 +48,16 @@ def _triples(x: torch.Tensor, row, col) -> tuple:
 
 
 def _quantize_unchecked(x: torch.Tensor, scaling: str, block, rowwise: bool, columnwise: bool, rounding: str,
-                        hadamard: bool, four_over_six: Optional[str], rng_state: torch.Tensor) -> tuple:
+                        hadamard: bool, four_over_six: Optional[str], rng_state: torch.Tensor,
+                        column_sums: bool = False) -> tuple:
     """The quantize op's computation for fp4gen.nn's own tensors in eager mode, without fp4gen.quantize's
-    checks: the layer checked x's shape and dtype, and its Recipe the options."""
+    checks: the layer checked x's shape and dtype, and its Recipe the options. column_sums (tensor scaling):
+    a seventh output, x's column sums in fp32 (the eager path only: the op itself has six outputs)."""
     rng = RNGState.from_tensor(rng_state) if rounding == "stochastic" else None
-    row, col = api.quantize_checked(x, scaling, tuple(block), rowwise, columnwise,
-                                    QuantizeOptions(rounding, rng, hadamard, four_over_six))
+    result = api.quantize_checked(x, scaling, tuple(block), rowwise, columnwise,
+                                  QuantizeOptions(rounding, rng, hadamard, four_over_six), column_sums=column_sums)
     # an absent copy is three Nones here, not the op's three empty tensors (allocations nothing reads)
-    return (*_triple_or_nones(row), *_triple_or_nones(col))
+    return (*_triple_or_nones(result[0]), *_triple_or_nones(result[1]), *result[2:])
 
 
 def _triple_or_nones(operand) -> tuple:
@@ -131,11 +133,11 @@ def _gemm_accumulate_unchecked(out, a_data, a_scale, a_amax, b_data, b_scale, b_
 # and without the public functions' argument checks: fp4gen.nn passes its own checked tensors and the triples
 # that fp4gen's quantize made, which need no second check. Host time is what an eager step of a small layer
 # spends most of its time on.
-_EAGER = types.SimpleNamespace(
+EAGER = types.SimpleNamespace(
     quantize=_quantize_unchecked, gemm=_gemm_unchecked, gemm_accumulate=_gemm_accumulate_unchecked)
 
 
 def for_caller():
     """torch.ops.fp4gen while torch.compile traces (opaque operators with fake implementations), the plain
     Python bodies in eager mode and under CUDA-graph capture."""
-    return torch.ops.fp4gen if torch.compiler.is_compiling() else _EAGER
+    return torch.ops.fp4gen if torch.compiler.is_compiling() else EAGER

@@ -72,13 +72,13 @@ def counted_quantize_plans(monkeypatch):
     """ops.quantize on CPU tensors with plans that launch a recording function: the plans made, the launches."""
     made, calls = [], []
 
-    def plan_quantize(x, scaling, block, rowwise, columnwise, options):
+    def plan_quantize(x, scaling, block, rowwise, columnwise, options, column_sums):
         rows, cols = x.shape
         plan = LaunchPlan()
         amax = plan.buffer(rows, dtype=torch.float32)
         data, scale = plan.buffer(rows, cols // 2), plan.buffer(rows, cols // 16, dtype=torch.float8_e4m3fn)
         plan.launch(f"kernel {len(made)}", INPUT, x.stride(0), amax, data, scale, RNG)
-        plan.result = ((data, scale, amax), None, 448.0)
+        plan.result = ((data, scale, amax), None, 448.0, None)
         made.append((tuple(x.shape), x.stride(0), scaling, block))
         return plan
 

@@ -277,3 +277,16 @@ def test_custom_ops_fake_implementations_agree(op, args):
     # test_schema is left out: its checks run float8 arithmetic that PyTorch's CPU kernels lack
     torch.library.opcheck(getattr(torch.ops.fp4gen, op).default, args(),
                           test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+def test_reference_column_sums_are_the_fp32_sums_and_need_tensor_scaling():
+    # the reference backend's column sums (the CPU side of db from dY's quantization): x.sum(0) in fp32
+    from fp4gen.api import quantize_checked
+    from fp4gen.options import QuantizeOptions
+    x = torch.randn(48, 32, dtype=torch.bfloat16)
+    row, col, sums = quantize_checked(x, "tensor", (1, 16), True, True, QuantizeOptions(), column_sums=True)
+    assert sums.dtype == torch.float32 and torch.equal(sums, x.sum(0, dtype=torch.float32))
+    plain_row, plain_col = quantize_checked(x, "tensor", (1, 16), True, True, QuantizeOptions())
+    assert torch.equal(row.data, plain_row.data) and torch.equal(col.data, plain_col.data)
+    with pytest.raises(ValueError, match="tensor scaling"):
+        quantize_checked(x, "row", (1, 16), True, True, QuantizeOptions(), column_sums=True)

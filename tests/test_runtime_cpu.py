@@ -122,11 +122,23 @@ def test_built_dequantize_library_checks_problems(name):
 @pytest.mark.parametrize("name", _kernels("amax_hadamard"))
 def test_built_amax_hadamard_library_checks_problems(name):
     kernel = library.load_kernel(name)
-    ok = (0x1000, 64, 32, 64, 0x2000, 0x3000, None, 0x4000)
+    # x, stride, rows, cols, row_amax, col_amax, row_tensor_amax, col_tensor_amax, col_sum, workspace
+    ok = (0x1000, 64, 32, 64, 0x2000, 0x3000, None, 0x4000, None, None)
     assert kernel.can_implement(*ok) == 0
+    assert kernel.workspace_size(*ok) == 0  # no column sums, no workspace
     assert kernel.can_implement(0x1008, *ok[1:]) == 2  # x not 16-byte aligned
     assert kernel.can_implement(*ok[:2], 40, *ok[3:]) == 1  # rows not whole 16-row groups
-    assert kernel.can_implement(*ok[:4], None, None, None, None) == 1  # nothing to compute
+    assert kernel.can_implement(*ok[:4], None, None, None, None, None, None) == 1  # nothing to compute
+    # column sums: one fp32 partial a column for each slice of rows (64-row tiles with per-row or per-column
+    # amaxes), in a workspace the call must pass
+    sums = ok[:8] + (0x5000, 0x6000)
+    assert kernel.can_implement(*sums) == 0
+    assert kernel.can_implement(*ok[:8], 0x5000, None) == 1
+    assert kernel.can_implement(*ok[:8], 0x5002, 0x6000) == 2  # col_sum not 4-byte aligned
+    assert kernel.workspace_size(*sums) == 1 * 64 * 4
+    assert kernel.workspace_size(0x1000, 64, 130 // 16 * 16, *sums[3:]) == 2 * 64 * 4
+    tensor_only = (0x1000, 64, 32, 64, None, None, 0x2000, 0x3000, 0x5000, 0x6000)
+    assert kernel.can_implement(*tensor_only) == 0 and kernel.workspace_size(*tensor_only) > 0
 
 
 @needs_build
@@ -189,12 +201,21 @@ def test_built_quantize_grouped_library_checks_problems(name):
 @pytest.mark.parametrize("name", _kernels("amax"))
 def test_built_amax_library_checks_problems(name):
     kernel = library.load_kernel(name)
-    ok = (0x1000, 64, 32, 64, 0x2000, 0x3000, None)
+    # x, stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum, workspace
+    ok = (0x1000, 64, 32, 64, 0x2000, 0x3000, None, None, None)
     assert kernel.can_implement(*ok) == 0
+    assert kernel.workspace_size(*ok) == 0  # no column sums, no workspace
     assert kernel.can_implement(0x1008, *ok[1:]) == 2  # x not 16-byte aligned
     assert kernel.can_implement(0x1000, 65, *ok[2:]) == 2  # row stride breaks 16-byte row starts
     assert kernel.can_implement(*ok[:3], 40, *ok[4:]) == 1  # cols not a multiple of 16
-    assert kernel.can_implement(*ok[:4], None, None, None) == 1  # nothing to compute
+    assert kernel.can_implement(*ok[:4], None, None, None, None, None) == 1  # nothing to compute
+    # column sums: one fp32 partial a column for each 64-row slice, in a workspace the call must pass
+    sums = (0x1000, 64, 32, 64, None, None, 0x2000, 0x5000, 0x6000)
+    assert kernel.can_implement(*sums) == 0
+    assert kernel.can_implement(*sums[:8], None) == 1
+    assert kernel.can_implement(*sums[:7], 0x5002, 0x6000) == 2  # col_sum not 4-byte aligned
+    assert kernel.workspace_size(*sums) == 1 * 64 * 4
+    assert kernel.workspace_size(0x1000, 64, 130, *sums[3:]) == 3 * 64 * 4
 
 
 @needs_build

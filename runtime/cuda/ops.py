@@ -156,7 +156,7 @@ def plain_kernels_take(x: torch.Tensor, block: tuple, columnwise: bool, options:
 
 
 def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-             options: QuantizeOptions = DEFAULT_OPTIONS):
+             options: QuantizeOptions = DEFAULT_OPTIONS, column_sums: bool = False):
     """Row-scaled with a rowwise copy (see uses_row_pass): the row pass, then the columnwise-only quantize kernel
     if the columnwise copy is asked for. Otherwise: the amax pass (its outputs zeroed by a kernel of its own),
     then the quantize kernel. Each launch after the first is a programmatic dependent of the one before; no
@@ -166,19 +166,26 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
 
     The kernels and their arguments are worked out once per kind of call (device, dtype, shape, row stride,
     x's alignment and the arguments; block is a tuple) and kept as a launch plan (launch_plan.py): a repeated
-    call allocates its outputs and launches."""
+    call allocates its outputs and launches.
+
+    column_sums (tensor scaling only): also x's column sums [K] in fp32 (a gradient's bias gradient), made by
+    the amax pass that reads x anyway (amax.cuh); then returns (rowwise, columnwise, sums)."""
     rows, cols = x.shape
+    if column_sums and scaling != "tensor":
+        raise ValueError("column_sums are made by the amax pass of tensor scaling; scaling is " + repr(scaling))
     if rows > 0 and cols > 1 and x.stride(1) != 1:
         raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
                          f"elements (last stride 1); pass x.contiguous()")
     key = (x.device.index, x.dtype, rows, cols, x.stride(0) if rows > 1 else cols, x.data_ptr() % 16, scaling,
-           block, rowwise, columnwise, options.rounding, options.hadamard, options.four_over_six)
+           block, rowwise, columnwise, options.rounding, options.hadamard, options.four_over_six, column_sums)
     plan = _QUANTIZE_PLANS.get(key)
     if plan is None:
-        plan = remember(_QUANTIZE_PLANS, key, _plan_quantize(x, scaling, block, rowwise, columnwise, options))
+        plan = remember(_QUANTIZE_PLANS, key, _plan_quantize(x, scaling, block, rowwise, columnwise, options,
+                                                             column_sums))
     buffers = plan.run(_launch, x, _rng_state(options))
-    row, col, e4m3_max = plan.result
-    return _copy(plan, buffers, row, e4m3_max), _copy(plan, buffers, col, e4m3_max)
+    row, col, e4m3_max, sums = plan.result
+    copies = _copy(plan, buffers, row, e4m3_max), _copy(plan, buffers, col, e4m3_max)
+    return (*copies, plan.tensor(buffers, sums)) if column_sums else copies
 
 
 def _copy(plan: LaunchPlan, buffers: list, slots, e4m3_max: float):
@@ -190,16 +197,30 @@ def _copy(plan: LaunchPlan, buffers: list, slots, e4m3_max: float):
 
 
 def _plan_quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-                   options: QuantizeOptions) -> LaunchPlan:
+                   options: QuantizeOptions, column_sums: bool) -> LaunchPlan:
     if not plain_kernels_take(x, block, columnwise, options):
-        return _plan_with_options(x, scaling, block, rowwise, columnwise, options)
+        return _plan_with_options(x, scaling, block, rowwise, columnwise, options, column_sums)
     if options.hadamard:
-        return _plan_hadamard(x, scaling, rowwise, options)
-    return _plan_plain(x, scaling, block, rowwise, columnwise, options)
+        return _plan_hadamard(x, scaling, rowwise, options, column_sums)
+    return _plan_plain(x, scaling, block, rowwise, columnwise, options, column_sums)
+
+
+def _plan_column_sums(plan: LaunchPlan, amax_kernel, rows: int, cols: int, wanted: bool, vector_amax: bool) -> tuple:
+    """(col_sum, workspace) slots for an amax pass that also sums x's columns, or (None, None). The workspace
+    size depends only on the shape and on which amaxes the pass makes (workspace_size reads no pointer: a
+    placeholder address stands for each output that is not null)."""
+    if not wanted:
+        return None, None
+    col_sum = _amax(plan, cols)
+    amaxes = (16, 16, None) if vector_amax else (None, None, 16)
+    if amax_kernel.family == "amax_hadamard":
+        amaxes = (16, 16, None, None) if vector_amax else (None, None, 16, 16)
+    workspace_bytes = amax_kernel.workspace_size(None, cols, rows, cols, *amaxes, 16, None) if rows and cols else 0
+    return col_sum, (plan.buffer(workspace_bytes) if workspace_bytes else None)
 
 
 def _plan_plain(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-                options: QuantizeOptions) -> LaunchPlan:
+                options: QuantizeOptions, column_sums: bool) -> LaunchPlan:
     """The row pass (then the columnwise-only kernel), or the amax pass then the quantize kernels."""
     rows, cols = x.shape
     device, row_scaled = x.device, scaling == "row"
@@ -231,10 +252,12 @@ def _plan_plain(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, colu
     else:
         row_amax = col_amax = tensor_amax = _amax(plan, 1)
     row_data, row_scale, col_data, col_scale = _plan_outputs(plan, rows, cols, rowwise, columnwise)
-    plan.result = _result(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
+    col_sum, sum_workspace = _plan_column_sums(plan, first_kernel, rows, cols, column_sums, False)
+    plan.result = _result(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0,
+                          col_sum)
     stride = x.stride(0) if rows > 1 else cols
-    if rows == 0 or cols == 0:  # nothing to read; an empty extent has amax 0 (as in the reference)
-        plan.zero(row_amax, col_amax)
+    if rows == 0 or cols == 0:  # nothing to read; an empty extent has amax 0 (as in the reference), sums 0
+        plan.zero(row_amax, col_amax, col_sum)
     elif row_pass:
         workspace_bytes = _row_pass_workspace_bytes(first_kernel, device.index, rows, cols, col_amax is not None)
         # from the allocator, on the launching stream: its memory is not reused before the kernels that read it ran
@@ -245,9 +268,9 @@ def _plan_plain(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, colu
                         col_scale, RNG)
     else:
         if tensor_amax is None:
-            plan.launch(first_kernel, INPUT, stride, rows, cols, row_amax, col_amax, None)
+            plan.launch(first_kernel, INPUT, stride, rows, cols, row_amax, col_amax, None, None, None)
         else:
-            plan.launch(first_kernel, INPUT, stride, rows, cols, None, None, tensor_amax)
+            plan.launch(first_kernel, INPUT, stride, rows, cols, None, None, tensor_amax, col_sum, sum_workspace)
         for direction, kernel in quantize_kernels:
             row = (row_amax, row_data, row_scale) if direction != "columnwise" else (None, None, None)
             col = (col_amax, col_data, col_scale) if direction != "rowwise" else (None, None, None)
@@ -273,14 +296,16 @@ def _plan_outputs(plan: LaunchPlan, rows: int, cols: int, rowwise: bool, columnw
     return (*row, *col)
 
 
-def _result(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max) -> tuple:
-    """A quantize plan's result: the (data, scale, amax) slots of each copy asked for (else None), e4m3_max."""
+def _result(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, e4m3_max,
+            col_sum=None) -> tuple:
+    """A quantize plan's result: the (data, scale, amax) slots of each copy asked for (else None), e4m3_max, and
+    the column sums' slot (else None)."""
     return ((row_data, row_scale, row_amax) if rowwise else None,
-            (col_data, col_scale, col_amax) if columnwise else None, e4m3_max)
+            (col_data, col_scale, col_amax) if columnwise else None, e4m3_max, col_sum)
 
 
 def _plan_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-                       options: QuantizeOptions) -> LaunchPlan:
+                       options: QuantizeOptions, column_sums: bool) -> LaunchPlan:
     """The options the plain kernels do not take (plain_kernels_take): an amax pass (amax_hadamard with the
     transform: the columnwise amaxes are then those of the transformed copy), then the quantize_options kernel
     of the options, which takes the copies, the scaling and the block shape as arguments. Stochastic rounding
@@ -305,25 +330,27 @@ def _plan_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: boo
     else:
         row_amax = col_amax = _amax(plan, 1)
     row_data, row_scale, col_data, col_scale = _plan_outputs(plan, rows, cols, rowwise, columnwise)
+    sums = _plan_column_sums(plan, amax_kernel, rows, cols, column_sums, row_scaled)
     e4m3_max = 448.0 if options.four_over_six is None else 256.0
     plan.result = _result(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax,
-                          e4m3_max)
+                          e4m3_max, sums[0])
     if rows == 0 or cols == 0:
-        plan.zero(row_amax, col_amax)
+        plan.zero(row_amax, col_amax, sums[0])
         return plan
     stride = x.stride(0) if rows > 1 else cols
     if options.hadamard:
-        _plan_amax_hadamard(plan, amax_kernel, stride, rows, cols, row_scaled, row_amax, col_amax)
+        _plan_amax_hadamard(plan, amax_kernel, stride, rows, cols, row_scaled, row_amax, col_amax, sums)
     elif row_scaled:
-        plan.launch(amax_kernel, INPUT, stride, rows, cols, row_amax, col_amax, None)
+        plan.launch(amax_kernel, INPUT, stride, rows, cols, row_amax, col_amax, None, *sums)
     else:
-        plan.launch(amax_kernel, INPUT, stride, rows, cols, None, None, row_amax)
+        plan.launch(amax_kernel, INPUT, stride, rows, cols, None, None, row_amax, *sums)
     plan.launch(kernel, INPUT, stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, RNG,
                 1 if row_scaled else 0, 1 if tuple(block) == (16, 16) else 0, 1 if options.four_over_six == "mse" else 0)
     return plan
 
 
-def _plan_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: QuantizeOptions) -> LaunchPlan:
+def _plan_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: QuantizeOptions,
+                   column_sums: bool) -> LaunchPlan:
     """The columnwise copy with the Hadamard transform (and the rowwise copy, if asked for), 1x16 blocks, rounded
     as options say, in the plain kernels' structure: the columnwise-only quantize kernel transforms each tile in
     place. Before it, row scaling with a rowwise copy takes the row pass with the transform where the manifest
@@ -356,16 +383,18 @@ def _plan_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: Quanti
         row_amax = _amax(plan, 1) if rowwise else None
         col_amax = _amax(plan, 1)
     row_data, row_scale, col_data, col_scale = _plan_outputs(plan, rows, cols, rowwise, True)
-    plan.result = _result(rowwise, True, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0)
+    # (column sums come with tensor scaling, which never takes the row pass)
+    amax_kernel = None if row_pass_kernel is not None else _kernel_for("amax_hadamard", device, in_dtype, cols, pointers)
+    sums = _plan_column_sums(plan, amax_kernel, rows, cols, column_sums, row_scaled)
+    plan.result = _result(rowwise, True, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0, sums[0])
     if rows == 0 or cols == 0:
-        plan.zero(row_amax, col_amax)
+        plan.zero(row_amax, col_amax, sums[0])
         return plan
     stride = x.stride(0) if rows > 1 else cols
     if row_pass_kernel is not None:
         plan.launch(row_pass_kernel, INPUT, stride, rows, cols, row_amax, col_amax, row_data, row_scale, None, None)
     else:
-        amax_kernel = _kernel_for("amax_hadamard", device, in_dtype, cols, pointers)
-        _plan_amax_hadamard(plan, amax_kernel, stride, rows, cols, row_scaled, row_amax, col_amax)
+        _plan_amax_hadamard(plan, amax_kernel, stride, rows, cols, row_scaled, row_amax, col_amax, sums)
         if rowwise:
             plan.launch(quantize_kernel("rowwise", "none"), INPUT, stride, rows, cols, row_amax, None, row_data,
                         row_scale, None, None, RNG)
@@ -374,12 +403,12 @@ def _plan_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: Quanti
 
 
 def _plan_amax_hadamard(plan: LaunchPlan, kernel, stride: int, rows: int, cols: int, row_scaled: bool, row_amax,
-                        col_amax) -> None:
+                        col_amax, sums: tuple) -> None:
     """row_amax (of x) and col_amax (of the transformed x.T), either may be None: per row / per column with
-    row scaling, else one each (the kernel's tensor outputs)."""
+    row scaling, else one each (the kernel's tensor outputs); sums: (col_sum, workspace) slots or Nones."""
     per_vector = (row_amax, col_amax) if row_scaled else (None, None)
     per_tensor = (None, None) if row_scaled else (row_amax, col_amax)
-    plan.launch(kernel, INPUT, stride, rows, cols, *per_vector, *per_tensor)
+    plan.launch(kernel, INPUT, stride, rows, cols, *per_vector, *per_tensor, *sums)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -1,5 +1,6 @@
 // The amax pass: per-row amax [M], per-column amax [K] and/or the tensor amax [1] of x [M, K], all from
-// one read of x with coalesced 16-byte loads.
+// one read of x with coalesced 16-byte loads; and, when asked, the column sums [K] of x in fp32 (a gradient's
+// bias gradient, from the read the gradient's quantization makes anyway).
 //
 // fp4gen's amaxes propagate NaN (unlike upstream: docs/numerics.md, deliberate differences). Maxima are
 // taken on |x|'s bit patterns as unsigned integers, where NaN > Inf > every finite value, so the ordinary
@@ -29,15 +30,62 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_zero_kernel(float* row_amax
   }
 }
 
-template <class InT>
+// Column sums: an amax pass writes one fp32 partial sum per column for each of `parts` slices of the rows (each
+// slice summed in a fixed order) to the workspace, [parts][cols], and this kernel adds the slices of a column in
+// order, in kSumSegments runs of consecutive slices whose sums are then added in order: the result depends on
+// the shape alone, never on timing, so repeated calls give the same bits. A programmatic dependent of the amax
+// pass (whose partials it waits for) and the quantize kernel's programmatic predecessor.
+constexpr int kSumColumns = 32, kSumSegments = 8;
+
+__global__ void __launch_bounds__(kSumColumns * kSumSegments)
+    column_sum_reduce_kernel(const float* __restrict__ partials, int64_t parts, int64_t cols, float* col_sum) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+  __shared__ float segment_sum[kSumSegments][kSumColumns];
+  const int c = threadIdx.x % kSumColumns, segment = threadIdx.x / kSumColumns;
+  const int64_t col = int64_t{blockIdx.x} * kSumColumns + c;
+  const int64_t per_segment = (parts + kSumSegments - 1) / kSumSegments;
+  const int64_t first = segment * per_segment, end = std::min(parts, first + per_segment);
+  float sum = 0.0f;
+  if (col < cols) {
+#pragma unroll 8
+    for (int64_t p = first; p < end; ++p) sum += partials[p * cols + col];
+  }
+  segment_sum[segment][c] = sum;
+  __syncthreads();
+  if (segment == 0 && col < cols) {
+#pragma unroll
+    for (int i = 1; i < kSumSegments; ++i) sum += segment_sum[i][c];
+    col_sum[col] = sum;
+  }
+}
+
+// Launches column_sum_reduce_kernel as the programmatic dependent of the amax pass just launched; an empty x's
+// sums are zeros.
+inline int launch_column_sum_reduce(const float* partials, int64_t parts, int64_t cols, float* col_sum,
+                                    cudaStream_t stream) {
+  if (cols == 0) return kOk;
+  if (parts == 0) {
+    const cudaError_t err = cudaMemsetAsync(col_sum, 0, cols * sizeof(float), stream);
+    return err == cudaSuccess ? kOk : kCudaErrorBase + static_cast<int>(err);
+  }
+  return launch_programmatic_dependent(column_sum_reduce_kernel,
+                                       dim3(static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns)),
+                                       dim3(kSumColumns * kSumSegments), 0, stream, partials, parts, cols, col_sum);
+}
+
+// kColumnSums: a variant of its own, so that the amaxes alone keep their registers (48 against 59 on sm_90a).
+template <class InT, bool kColumnSums>
 __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restrict__ x, int64_t x_row_stride,
                                                             int64_t rows, int64_t cols, float* row_amax,
-                                                            float* col_amax, float* tensor_amax) {
+                                                            float* col_amax, float* tensor_amax,
+                                                            float* __restrict__ col_sum_partials) {
   using E = Element<InT>;
   constexpr int kVec = E::kPerVector, kPerWord = 4 / sizeof(InT);
   constexpr int kTileCols = 32 * kVec, kRowsPerWarp = kAmaxTileRows / kAmaxWarps;
   __shared__ uint32_t col_partial[kAmaxWarps][kTileCols];
   __shared__ uint32_t warp_max[kAmaxWarps];
+  __shared__ float col_sum_stage[kColumnSums ? kAmaxWarps : 1][kColumnSums ? kTileCols : 1];  // the warps' column sums
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kAmaxTileRows + warp * kRowsPerWarp;
   const int64_t col = static_cast<int64_t>(blockIdx.y) * kTileCols + lane * kVec;
@@ -83,7 +131,26 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restric
     for (int offset = 16; offset > 0; offset /= 2) thread_max = max(thread_max, __shfl_xor_sync(0xFFFFFFFFu, thread_max, offset));
     if (lane == 0) warp_max[warp] = thread_max;
   }
+  if constexpr (kColumnSums) {  // the lane's columns over the warp's rows, in row order (zeros outside x)
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) sum += E::word_element_to_float(reinterpret_cast<const uint32_t*>(&vec[r]), i);
+      col_sum_stage[warp][lane * kVec + i] = sum;
+    }
+  }
   __syncthreads();
+  if constexpr (kColumnSums) {  // the CTA's slice of rows: the warps' sums in warp order
+    for (int c = threadIdx.x; c < kTileCols; c += kAmaxThreads) {
+      const int64_t gcol = static_cast<int64_t>(blockIdx.y) * kTileCols + c;
+      if (gcol >= cols) break;
+      float sum = col_sum_stage[0][c];
+#pragma unroll
+      for (int w = 1; w < kAmaxWarps; ++w) sum += col_sum_stage[w][c];
+      col_sum_partials[static_cast<int64_t>(blockIdx.x) * cols + gcol] = sum;
+    }
+  }
   if (col_amax != nullptr) {
     for (int c = threadIdx.x; c < kTileCols; c += kAmaxThreads) {
       const int64_t gcol = static_cast<int64_t>(blockIdx.y) * kTileCols + c;
@@ -106,11 +173,22 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restric
   asm volatile("griddepcontrol.launch_dependents;");
 }
 
+// The column sums' slices of rows: one a CTA row of the grid.
+inline int64_t amax_sum_parts(int64_t rows) { return (rows + kAmaxTileRows - 1) / kAmaxTileRows; }
+
+template <class InT>
+size_t amax_workspace_size(const void*, int64_t, int64_t rows, int64_t cols, float*, float*, float*, float* col_sum,
+                           void*) {
+  return col_sum == nullptr || rows <= 0 || cols <= 0 ? 0 : static_cast<size_t>(amax_sum_parts(rows) * cols) * sizeof(float);
+}
+
 template <class InT>
 int amax_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
-                       float* col_amax, float* tensor_amax) {
+                       float* col_amax, float* tensor_amax, float* col_sum, void* workspace) {
   constexpr int64_t kTileCols = 32 * Element<InT>::kPerVector;
   if (rows < 0 || cols < 0 || cols % 16 != 0) return kInvalidProblem;
+  if (col_sum != nullptr && rows > 0 && cols > 0 && workspace == nullptr) return kInvalidProblem;
+  if (!aligned(col_sum, 4) || !aligned(workspace, 4)) return kMisaligned;
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
   if ((cols + kTileCols - 1) / kTileCols > 65535) return kInvalidProblem;  // gridDim.y
   if (row_amax == nullptr && col_amax == nullptr && tensor_amax == nullptr) return kInvalidProblem;
@@ -121,21 +199,27 @@ int amax_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_
 
 template <class InT>
 int amax_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax,
-             float* tensor_amax, cudaStream_t stream) {
-  const int status = amax_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax);
+             float* tensor_amax, float* col_sum, void* workspace, cudaStream_t stream) {
+  const int status =
+      amax_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum, workspace);
   if (status != kOk) return status;
   // atomicMax accumulates into the outputs, so they start at +0 (also the amax of an empty extent)
   const int64_t zero_blocks = std::min<int64_t>((rows + cols + kAmaxThreads) / kAmaxThreads, 1024);
   amax_zero_kernel<<<static_cast<unsigned>(zero_blocks), kAmaxThreads, 0, stream>>>(row_amax, rows, col_amax, cols,
                                                                                    tensor_amax);
-  if (const int zeroed = launch_status(); zeroed != kOk || rows == 0 || cols == 0) return zeroed;
+  if (const int zeroed = launch_status(); zeroed != kOk || rows == 0 || cols == 0) {
+    return zeroed != kOk || col_sum == nullptr ? zeroed : launch_column_sum_reduce(nullptr, 0, cols, col_sum, stream);
+  }
   // the zeroing's programmatic dependent (amax_kernel waits for it before its atomics)
   constexpr int64_t kTileCols = 32 * Element<InT>::kPerVector;
-  const dim3 grid(static_cast<unsigned>((rows + kAmaxTileRows - 1) / kAmaxTileRows),
-                  static_cast<unsigned>((cols + kTileCols - 1) / kTileCols));
-  return launch_programmatic_dependent(amax_kernel<InT>, grid, dim3(kAmaxThreads), 0, stream,
-                                       static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
-                                       tensor_amax);
+  const dim3 grid(static_cast<unsigned>(amax_sum_parts(rows)), static_cast<unsigned>((cols + kTileCols - 1) / kTileCols));
+  float* partials = col_sum != nullptr ? static_cast<float*>(workspace) : nullptr;
+  const auto kernel = partials != nullptr ? amax_kernel<InT, true> : amax_kernel<InT, false>;
+  const int launched = launch_programmatic_dependent(kernel, grid, dim3(kAmaxThreads), 0, stream,
+                                                     static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax,
+                                                     col_amax, tensor_amax, partials);
+  if (launched != kOk || col_sum == nullptr) return launched;
+  return launch_column_sum_reduce(partials, amax_sum_parts(rows), cols, col_sum, stream);
 }
 
 }  // namespace fp4gen

@@ -5,11 +5,16 @@
 //
 // A CTA reads a 64 x 64 tile into shared memory (widened to fp32); thread t takes 16 elements of tile row
 // t / 4 and the 16-row group t / 64 of tile column t % 64, which it transforms.
+//
+// When asked, both kernels also give the column sums of x (untransformed, fp32: a gradient's bias gradient) as
+// amax.cuh does: partial sums of fixed slices of rows to the workspace, added in order by
+// column_sum_reduce_kernel.
 #pragma once
 
 #include <algorithm>
 
 #include "fp4gen/abi.h"
+#include "fp4gen/amax.cuh"  // column_sum_reduce_kernel
 #include "fp4gen/elements.cuh"
 #include "fp4gen/hadamard.cuh"
 #include "fp4gen/quantize.cuh"  // load_streaming
@@ -37,13 +42,20 @@ __device__ __forceinline__ uint32_t cta_max_bits(uint32_t bits, uint32_t* warp_m
 template <class InT>
 __global__ void __launch_bounds__(kHadamardAmaxThreads)
     amax_hadamard_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
-                         float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax) {
+                         float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax,
+                         float* __restrict__ col_sum_partials) {
   __shared__ float tile[kHadamardAmaxTile][kHadamardAmaxTile + 1];
   __shared__ uint32_t col_partial[kHadamardAmaxThreads / kHadamardAmaxTile][kHadamardAmaxTile];
   __shared__ uint32_t warp_max[2][kHadamardAmaxThreads / 32];
   const int64_t row0 = int64_t{blockIdx.x} * kHadamardAmaxTile, col0 = int64_t{blockIdx.y} * kHadamardAmaxTile;
   stage_tile_fp32<InT, kHadamardAmaxTile, kHadamardAmaxThreads>(x, x_row_stride, rows, cols, row0, col0, tile);
-  __syncthreads();  // (zeros outside the tensor change no maximum)
+  __syncthreads();  // (zeros outside the tensor change no maximum, nor a sum)
+  if (col_sum_partials != nullptr && threadIdx.x < kHadamardAmaxTile && col0 + threadIdx.x < cols) {
+    float sum = 0.0f;  // the tile's rows in order: one slice of 64 rows a grid row
+#pragma unroll 16
+    for (int k = 0; k < kHadamardAmaxTile; ++k) sum += tile[k][threadIdx.x];
+    col_sum_partials[int64_t{blockIdx.x} * cols + col0 + threadIdx.x] = sum;
+  }
   // rows, untransformed: four threads a row
   const int r = threadIdx.x / 4, part = threadIdx.x % 4;
   uint32_t row_bits = 0;
@@ -126,10 +138,102 @@ __global__ void __launch_bounds__(kTensorAmaxThreads)
   }
 }
 
+// With column sums (a gradient's bias gradient as well): a CTA takes 32 vectors of each row (a vector block)
+// and its warps chains of 16-row groups: warp w of chain group cg takes groups cg * 8 + w, then every
+// `chains` = 8 * chain groups further on, summing its columns in row order; the CTA then adds its warps' sums
+// in warp order, one partial a chain group (tensor_amax_sum_chain_groups: a function of the shape alone).
+// Two CTAs a multiprocessor, as above (a few registers spill).
+constexpr int kTensorAmaxWarps = kTensorAmaxThreads / 32;
+constexpr int64_t kTensorAmaxSumCtas = 1024;  // about 8 CTAs a multiprocessor of an H200
+
+template <class InT>
+__host__ __device__ int64_t tensor_amax_vector_blocks(int64_t cols) {
+  return (cols / Element<InT>::kPerVector + 31) / 32;
+}
+template <class InT>
+int64_t tensor_amax_sum_chain_groups(int64_t rows, int64_t cols) {
+  const int64_t by_rows = (rows / 16 + kTensorAmaxWarps - 1) / kTensorAmaxWarps;
+  return std::max<int64_t>(1, std::min(by_rows, kTensorAmaxSumCtas / tensor_amax_vector_blocks<InT>(cols)));
+}
+
+template <class InT>
+__global__ void __launch_bounds__(kTensorAmaxThreads, 2)
+    amax_hadamard_tensor_sum_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
+                                    float* row_tensor_amax, float* col_tensor_amax, float* __restrict__ col_sum_partials) {
+  using E = Element<InT>;
+  constexpr int kVec = E::kPerVector;
+  __shared__ uint32_t warp_max[2][kTensorAmaxWarps];
+  __shared__ float col_sum_stage[kTensorAmaxWarps][32 * kVec];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t vectors = cols / kVec, groups = rows / 16;  // cols % 16 == 0, rows % 16 == 0
+  const int64_t vector_blocks = tensor_amax_vector_blocks<InT>(cols);
+  const int64_t chain_group = blockIdx.x / vector_blocks, chains = gridDim.x / vector_blocks * kTensorAmaxWarps;
+  const int64_t vector = blockIdx.x % vector_blocks * 32 + lane;
+  uint32_t raw_bits = 0u, transformed_bits = 0u;
+  float sum[kVec] = {};
+  for (int64_t g = chain_group * kTensorAmaxWarps + warp; vector < vectors && g < groups; g += chains) {
+    const InT* src = x + g * 16 * x_row_stride + vector * kVec;
+    uint4 patch[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) patch[i] = load_streaming<false>(src + i * x_row_stride);
+    uint32_t m = 0u;  // NaN-propagating |x| maximum, packed like the input
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      m = word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(m, patch[i].x), patch[i].y), patch[i].z), patch[i].w);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sum[e] += E::word_element_to_float(&patch[i].x, e);
+    }
+    raw_bits = max(raw_bits, E::abs_bits_as_float_bits(word_element<InT>(m, 0)));
+    if constexpr (sizeof(InT) == 2) raw_bits = max(raw_bits, E::abs_bits_as_float_bits(word_element<InT>(m, 1)));
+    hadamard_patch<InT>(patch);
+    transformed_bits = max(transformed_bits, transformed_patch_abs_max_bits<InT>(patch));
+  }
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) col_sum_stage[warp][lane * kVec + e] = sum[e];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    raw_bits = max(raw_bits, __shfl_xor_sync(0xFFFFFFFFu, raw_bits, offset));
+    transformed_bits = max(transformed_bits, __shfl_xor_sync(0xFFFFFFFFu, transformed_bits, offset));
+  }
+  if (lane == 0) warp_max[0][warp] = raw_bits, warp_max[1][warp] = transformed_bits;
+  __syncthreads();
+  const int64_t col0 = blockIdx.x % vector_blocks * 32 * kVec;
+  for (int c = threadIdx.x; c < 32 * kVec && col0 + c < cols; c += kTensorAmaxThreads) {
+    float total = col_sum_stage[0][c];
+#pragma unroll
+    for (int w = 1; w < kTensorAmaxWarps; ++w) total += col_sum_stage[w][c];
+    col_sum_partials[chain_group * cols + col0 + c] = total;
+  }
+  if (threadIdx.x < 2) {
+    uint32_t m = 0u;
+#pragma unroll
+    for (int w = 0; w < kTensorAmaxWarps; ++w) m = max(m, warp_max[threadIdx.x][w]);
+    float* out = threadIdx.x == 0 ? row_tensor_amax : col_tensor_amax;
+    if (out != nullptr) atomicMax(reinterpret_cast<unsigned int*>(out), m);
+  }
+}
+
+// The column sums' slices of rows: 64-row tiles (the tiled kernel), or chain groups (the tensor kernel).
+template <class InT>
+int64_t amax_hadamard_sum_parts(int64_t rows, int64_t cols, bool tensor_only) {
+  return tensor_only ? tensor_amax_sum_chain_groups<InT>(rows, cols) : (rows + kHadamardAmaxTile - 1) / kHadamardAmaxTile;
+}
+
+template <class InT>
+size_t amax_hadamard_workspace_size(const void*, int64_t, int64_t rows, int64_t cols, float* row_amax,
+                                    float* col_amax, float*, float*, float* col_sum, void*) {
+  if (col_sum == nullptr || rows <= 0 || cols <= 0) return 0;
+  const bool tensor_only = row_amax == nullptr && col_amax == nullptr;
+  return static_cast<size_t>(amax_hadamard_sum_parts<InT>(rows, cols, tensor_only) * cols) * sizeof(float);
+}
+
 template <class InT>
 int amax_hadamard_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
-                                float* col_amax, float* row_tensor_amax, float* col_tensor_amax) {
+                                float* col_amax, float* row_tensor_amax, float* col_tensor_amax, float* col_sum,
+                                void* workspace) {
   if (rows < 0 || cols < 0 || cols % 16 != 0 || rows % 16 != 0) return kInvalidProblem;  // 16-row groups
+  if (col_sum != nullptr && rows > 0 && cols > 0 && workspace == nullptr) return kInvalidProblem;
+  if (!aligned(col_sum, 4) || !aligned(workspace, 4)) return kMisaligned;
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
   if ((cols + kHadamardAmaxTile - 1) / kHadamardAmaxTile > 65535) return kInvalidProblem;  // gridDim.y
   if (row_amax == nullptr && col_amax == nullptr && row_tensor_amax == nullptr && col_tensor_amax == nullptr)
@@ -141,9 +245,10 @@ int amax_hadamard_can_implement(const void* x, int64_t x_row_stride, int64_t row
 
 template <class InT>
 int amax_hadamard_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
-                      float* col_amax, float* row_tensor_amax, float* col_tensor_amax, cudaStream_t stream) {
+                      float* col_amax, float* row_tensor_amax, float* col_tensor_amax, float* col_sum,
+                      void* workspace, cudaStream_t stream) {
   const int status = amax_hadamard_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax,
-                                                      row_tensor_amax, col_tensor_amax);
+                                                      row_tensor_amax, col_tensor_amax, col_sum, workspace);
   if (status != kOk) return status;
   // atomicMax accumulates into the outputs, so they start at +0 (also the amax of an empty extent)
   const struct { float* ptr; int64_t count; } outputs[] = {
@@ -153,20 +258,32 @@ int amax_hadamard_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t
     const cudaError_t err = cudaMemsetAsync(out.ptr, 0, out.count * sizeof(float), stream);
     if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
   }
-  if (rows == 0 || cols == 0) return kOk;
-  if (row_amax == nullptr && col_amax == nullptr) {
+  if (rows == 0 || cols == 0) return col_sum == nullptr ? kOk : launch_column_sum_reduce(nullptr, 0, cols, col_sum, stream);
+  float* partials = col_sum != nullptr ? static_cast<float*>(workspace) : nullptr;
+  const bool tensor_only = row_amax == nullptr && col_amax == nullptr;
+  if (tensor_only) {
     const int64_t patches = rows / 16 * (cols / Element<InT>::kPerVector);
-    const int64_t grid = std::min<int64_t>((patches + kTensorAmaxThreads - 1) / kTensorAmaxThreads, int64_t{1} << 20);
-    amax_hadamard_tensor_kernel<InT><<<static_cast<unsigned>(grid), kTensorAmaxThreads, 0, stream>>>(
-        static_cast<const InT*>(x), x_row_stride, rows, cols, row_tensor_amax, col_tensor_amax);
-    return launch_status();
+    const int64_t grid = partials != nullptr
+                             ? tensor_amax_sum_chain_groups<InT>(rows, cols) * tensor_amax_vector_blocks<InT>(cols)
+                             : std::min<int64_t>((patches + kTensorAmaxThreads - 1) / kTensorAmaxThreads, int64_t{1} << 20);
+    if (partials != nullptr) {
+      amax_hadamard_tensor_sum_kernel<InT><<<static_cast<unsigned>(grid), kTensorAmaxThreads, 0, stream>>>(
+          static_cast<const InT*>(x), x_row_stride, rows, cols, row_tensor_amax, col_tensor_amax, partials);
+    } else {
+      amax_hadamard_tensor_kernel<InT><<<static_cast<unsigned>(grid), kTensorAmaxThreads, 0, stream>>>(
+          static_cast<const InT*>(x), x_row_stride, rows, cols, row_tensor_amax, col_tensor_amax);
+    }
+  } else {
+    const dim3 grid(static_cast<unsigned>((rows + kHadamardAmaxTile - 1) / kHadamardAmaxTile),
+                    static_cast<unsigned>((cols + kHadamardAmaxTile - 1) / kHadamardAmaxTile));
+    amax_hadamard_kernel<InT><<<grid, kHadamardAmaxThreads, 0, stream>>>(static_cast<const InT*>(x), x_row_stride,
+                                                                         rows, cols, row_amax, col_amax,
+                                                                         row_tensor_amax, col_tensor_amax, partials);
   }
-  const dim3 grid(static_cast<unsigned>((rows + kHadamardAmaxTile - 1) / kHadamardAmaxTile),
-                  static_cast<unsigned>((cols + kHadamardAmaxTile - 1) / kHadamardAmaxTile));
-  amax_hadamard_kernel<InT><<<grid, kHadamardAmaxThreads, 0, stream>>>(static_cast<const InT*>(x), x_row_stride, rows,
-                                                                       cols, row_amax, col_amax, row_tensor_amax,
-                                                                       col_tensor_amax);
-  return launch_status();
+  const int launched = launch_status();
+  if (launched != kOk || partials == nullptr) return launched;
+  return launch_column_sum_reduce(partials, amax_hadamard_sum_parts<InT>(rows, cols, tensor_only), cols, col_sum,
+                                  stream);
 }
 
 }  // namespace fp4gen
