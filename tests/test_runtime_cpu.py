@@ -129,16 +129,14 @@ def test_built_amax_hadamard_library_checks_problems(name):
     assert kernel.can_implement(0x1008, *ok[1:]) == 2  # x not 16-byte aligned
     assert kernel.can_implement(*ok[:2], 40, *ok[3:]) == 1  # rows not whole 16-row groups
     assert kernel.can_implement(*ok[:4], None, None, None, None, None, None) == 1  # nothing to compute
-    # column sums: one fp32 partial a column for each slice of rows (64-row tiles with per-row or per-column
-    # amaxes), in a workspace the call must pass
-    sums = ok[:8] + (0x5000, 0x6000)
+    # column sums: with tensor amaxes only, one fp32 partial a column for each chain group of 16-row groups
+    # (rows 32: one), in a workspace the call must pass
+    sums = (0x1000, 64, 32, 64, None, None, 0x2000, 0x3000, 0x5000, 0x6000)
     assert kernel.can_implement(*sums) == 0
-    assert kernel.can_implement(*ok[:8], 0x5000, None) == 1
-    assert kernel.can_implement(*ok[:8], 0x5002, 0x6000) == 2  # col_sum not 4-byte aligned
     assert kernel.workspace_size(*sums) == 1 * 64 * 4
-    assert kernel.workspace_size(0x1000, 64, 130 // 16 * 16, *sums[3:]) == 2 * 64 * 4
-    tensor_only = (0x1000, 64, 32, 64, None, None, 0x2000, 0x3000, 0x5000, 0x6000)
-    assert kernel.can_implement(*tensor_only) == 0 and kernel.workspace_size(*tensor_only) > 0
+    assert kernel.can_implement(*sums[:9], None) == 1  # no workspace
+    assert kernel.can_implement(*sums[:8], 0x5002, 0x6000) == 2  # col_sum not 4-byte aligned
+    assert kernel.can_implement(*ok[:8], 0x5000, 0x6000) == 1  # not with per-row or per-column amaxes
 
 
 @needs_build

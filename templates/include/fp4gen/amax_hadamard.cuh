@@ -6,9 +6,10 @@
 // A CTA reads a 64 x 64 tile into shared memory (widened to fp32); thread t takes 16 elements of tile row
 // t / 4 and the 16-row group t / 64 of tile column t % 64, which it transforms.
 //
-// When asked, both kernels also give the column sums of x (untransformed, fp32: a gradient's bias gradient) as
-// amax.cuh does: partial sums of fixed slices of rows to the workspace, added in order by
-// column_sum_reduce_kernel.
+// With tensor amaxes alone, the pass can also give the column sums of x (untransformed, fp32: a gradient's bias
+// gradient) as amax.cuh does: partial sums of fixed slices of rows to the workspace, added in order by
+// column_sum_reduce_kernel (amax_hadamard_tensor_sum_kernel below). Per-row or per-column amaxes with column
+// sums are refused: no caller asks for them (fp4gen sums only tensor-scaled gradients).
 #pragma once
 
 #include <algorithm>
@@ -42,20 +43,13 @@ __device__ __forceinline__ uint32_t cta_max_bits(uint32_t bits, uint32_t* warp_m
 template <class InT>
 __global__ void __launch_bounds__(kHadamardAmaxThreads)
     amax_hadamard_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
-                         float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax,
-                         float* __restrict__ col_sum_partials) {
+                         float* row_amax, float* col_amax, float* row_tensor_amax, float* col_tensor_amax) {
   __shared__ float tile[kHadamardAmaxTile][kHadamardAmaxTile + 1];
   __shared__ uint32_t col_partial[kHadamardAmaxThreads / kHadamardAmaxTile][kHadamardAmaxTile];
   __shared__ uint32_t warp_max[2][kHadamardAmaxThreads / 32];
   const int64_t row0 = int64_t{blockIdx.x} * kHadamardAmaxTile, col0 = int64_t{blockIdx.y} * kHadamardAmaxTile;
   stage_tile_fp32<InT, kHadamardAmaxTile, kHadamardAmaxThreads>(x, x_row_stride, rows, cols, row0, col0, tile);
-  __syncthreads();  // (zeros outside the tensor change no maximum, nor a sum)
-  if (col_sum_partials != nullptr && threadIdx.x < kHadamardAmaxTile && col0 + threadIdx.x < cols) {
-    float sum = 0.0f;  // the tile's rows in order: one slice of 64 rows a grid row
-#pragma unroll 16
-    for (int k = 0; k < kHadamardAmaxTile; ++k) sum += tile[k][threadIdx.x];
-    col_sum_partials[int64_t{blockIdx.x} * cols + col0 + threadIdx.x] = sum;
-  }
+  __syncthreads();  // (zeros outside the tensor change no maximum)
   // rows, untransformed: four threads a row
   const int r = threadIdx.x / 4, part = threadIdx.x % 4;
   uint32_t row_bits = 0;
@@ -213,18 +207,12 @@ __global__ void __launch_bounds__(kTensorAmaxThreads, 2)
   }
 }
 
-// The column sums' slices of rows: 64-row tiles (the tiled kernel), or chain groups (the tensor kernel).
-template <class InT>
-int64_t amax_hadamard_sum_parts(int64_t rows, int64_t cols, bool tensor_only) {
-  return tensor_only ? tensor_amax_sum_chain_groups<InT>(rows, cols) : (rows + kHadamardAmaxTile - 1) / kHadamardAmaxTile;
-}
-
+// The column sums' workspace: one partial a column for each chain group of the tensor kernel.
 template <class InT>
 size_t amax_hadamard_workspace_size(const void*, int64_t, int64_t rows, int64_t cols, float* row_amax,
                                     float* col_amax, float*, float*, float* col_sum, void*) {
-  if (col_sum == nullptr || rows <= 0 || cols <= 0) return 0;
-  const bool tensor_only = row_amax == nullptr && col_amax == nullptr;
-  return static_cast<size_t>(amax_hadamard_sum_parts<InT>(rows, cols, tensor_only) * cols) * sizeof(float);
+  if (col_sum == nullptr || row_amax != nullptr || col_amax != nullptr || rows <= 0 || cols <= 0) return 0;
+  return static_cast<size_t>(tensor_amax_sum_chain_groups<InT>(rows, cols) * cols) * sizeof(float);
 }
 
 template <class InT>
@@ -232,6 +220,7 @@ int amax_hadamard_can_implement(const void* x, int64_t x_row_stride, int64_t row
                                 float* col_amax, float* row_tensor_amax, float* col_tensor_amax, float* col_sum,
                                 void* workspace) {
   if (rows < 0 || cols < 0 || cols % 16 != 0 || rows % 16 != 0) return kInvalidProblem;  // 16-row groups
+  if (col_sum != nullptr && (row_amax != nullptr || col_amax != nullptr)) return kInvalidProblem;  // tensor only
   if (col_sum != nullptr && rows > 0 && cols > 0 && workspace == nullptr) return kInvalidProblem;
   if (!aligned(col_sum, 4) || !aligned(workspace, 4)) return kMisaligned;
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
@@ -259,9 +248,8 @@ int amax_hadamard_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t
     if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
   }
   if (rows == 0 || cols == 0) return col_sum == nullptr ? kOk : launch_column_sum_reduce(nullptr, 0, cols, col_sum, stream);
-  float* partials = col_sum != nullptr ? static_cast<float*>(workspace) : nullptr;
-  const bool tensor_only = row_amax == nullptr && col_amax == nullptr;
-  if (tensor_only) {
+  float* partials = col_sum != nullptr ? static_cast<float*>(workspace) : nullptr;  // (tensor amaxes only)
+  if (row_amax == nullptr && col_amax == nullptr) {
     const int64_t patches = rows / 16 * (cols / Element<InT>::kPerVector);
     const int64_t grid = partials != nullptr
                              ? tensor_amax_sum_chain_groups<InT>(rows, cols) * tensor_amax_vector_blocks<InT>(cols)
@@ -278,12 +266,11 @@ int amax_hadamard_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t
                     static_cast<unsigned>((cols + kHadamardAmaxTile - 1) / kHadamardAmaxTile));
     amax_hadamard_kernel<InT><<<grid, kHadamardAmaxThreads, 0, stream>>>(static_cast<const InT*>(x), x_row_stride,
                                                                          rows, cols, row_amax, col_amax,
-                                                                         row_tensor_amax, col_tensor_amax, partials);
+                                                                         row_tensor_amax, col_tensor_amax);
   }
   const int launched = launch_status();
   if (launched != kOk || partials == nullptr) return launched;
-  return launch_column_sum_reduce(partials, amax_hadamard_sum_parts<InT>(rows, cols, tensor_only), cols, col_sum,
-                                  stream);
+  return launch_column_sum_reduce(partials, tensor_amax_sum_chain_groups<InT>(rows, cols), cols, col_sum, stream);
 }
 
 }  // namespace fp4gen
