@@ -92,6 +92,28 @@ __global__ void __launch_bounds__(kHadamardAmaxThreads)
 // 8192 x 8192 bf16 on the H200 it took 37 us where the tiled kernel above took 75 (bench/RESULTS.md, d03c121).
 constexpr int kTensorAmaxThreads = 256;
 
+// A loaded patch's maxima, into the thread's running ones: of |x| (raw_bits) and, after transforming the patch in
+// place, of the transformed values (transformed_bits); with kColumnSums, its columns added to `sum` row by row
+// first (beside the maxima: in a loop of their own the sum kernel spilled twice as much).
+template <class InT, bool kColumnSums = false>
+__device__ __forceinline__ void take_patch_maxima(uint4 (&patch)[16], uint32_t& raw_bits, uint32_t& transformed_bits,
+                                                  float* sum = nullptr) {
+  using E = Element<InT>;
+  uint32_t m = 0u;  // NaN-propagating |x| maximum, packed like the input
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    m = word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(m, patch[i].x), patch[i].y), patch[i].z), patch[i].w);
+    if constexpr (kColumnSums) {
+#pragma unroll
+      for (int e = 0; e < E::kPerVector; ++e) sum[e] += E::word_element_to_float(&patch[i].x, e);
+    }
+  }
+  raw_bits = max(raw_bits, E::abs_bits_as_float_bits(word_element<InT>(m, 0)));
+  if constexpr (sizeof(InT) == 2) raw_bits = max(raw_bits, E::abs_bits_as_float_bits(word_element<InT>(m, 1)));
+  hadamard_patch<InT>(patch);
+  transformed_bits = max(transformed_bits, transformed_patch_abs_max_bits<InT>(patch));
+}
+
 template <class InT>
 __global__ void __launch_bounds__(kTensorAmaxThreads)
     amax_hadamard_tensor_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
@@ -107,14 +129,7 @@ __global__ void __launch_bounds__(kTensorAmaxThreads)
     uint4 patch[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) patch[i] = load_streaming<false>(src + i * x_row_stride);
-    uint32_t m = 0u;  // NaN-propagating |x| maximum, packed like the input
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      m = word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(m, patch[i].x), patch[i].y), patch[i].z), patch[i].w);
-    raw_bits = max(raw_bits, E::abs_bits_as_float_bits(word_element<InT>(m, 0)));
-    if constexpr (sizeof(InT) == 2) raw_bits = max(raw_bits, E::abs_bits_as_float_bits(word_element<InT>(m, 1)));
-    hadamard_patch<InT>(patch);
-    transformed_bits = max(transformed_bits, transformed_patch_abs_max_bits<InT>(patch));
+    take_patch_maxima<InT>(patch, raw_bits, transformed_bits);
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) {
@@ -170,17 +185,7 @@ __global__ void __launch_bounds__(kTensorAmaxThreads, 2)
     uint4 patch[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) patch[i] = load_streaming<false>(src + i * x_row_stride);
-    uint32_t m = 0u;  // NaN-propagating |x| maximum, packed like the input
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      m = word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(m, patch[i].x), patch[i].y), patch[i].z), patch[i].w);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) sum[e] += E::word_element_to_float(&patch[i].x, e);
-    }
-    raw_bits = max(raw_bits, E::abs_bits_as_float_bits(word_element<InT>(m, 0)));
-    if constexpr (sizeof(InT) == 2) raw_bits = max(raw_bits, E::abs_bits_as_float_bits(word_element<InT>(m, 1)));
-    hadamard_patch<InT>(patch);
-    transformed_bits = max(transformed_bits, transformed_patch_abs_max_bits<InT>(patch));
+    take_patch_maxima<InT, true>(patch, raw_bits, transformed_bits, sum);
   }
 #pragma unroll
   for (int e = 0; e < kVec; ++e) col_sum_stage[warp][lane * kVec + e] = sum[e];
