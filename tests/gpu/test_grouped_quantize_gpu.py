@@ -84,6 +84,22 @@ def test_wide_rows_and_many_groups():
     assert_same_as_reference(x, ends, scaling="tensor", rounding="stochastic")
 
 
+@pytest.mark.parametrize("dtype,option", [(torch.bfloat16, "plain"), (torch.bfloat16, "rht"), (torch.bfloat16, "sr+rht"),
+                                          (torch.float32, "plain"), (torch.float32, "rht")], ids=str)
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+def test_many_groups_over_many_tiles(dtype, option, scaling):
+    """More groups than one ballot of a warp covers (130), groups of several 64-row tiles beside empty ones and
+    ones of a few tokens, and enough tiles that the quantize kernel's CTAs each take several, in rows and in
+    columns: a tile's group, its tokens and its amaxes change from one tile to the next."""
+    torch.manual_seed(6)
+    sizes = torch.randint(0, 300, (130,))
+    sizes[torch.randperm(130)[:20]] = 0
+    sizes[7] = 1
+    ends = _ends(sizes.tolist())
+    x = (torch.randn(ends[-1], 576, device="cuda") * torch.rand(ends[-1], 1, device="cuda") * 4).to(dtype)
+    assert_same_as_reference(x, ends, scaling=scaling, **OPTIONS[option])
+
+
 @pytest.mark.parametrize("option", ["plain", "sr", "4o6-mse"])
 @pytest.mark.parametrize("scaling,block", [("tensor", (16, 16)), ("tensor", (1, 16)), ("row", (1, 16))])
 def test_stacked_weights_equal_reference(option, scaling, block):

@@ -126,6 +126,44 @@ struct QuantLane {
   static constexpr int kOwnedRows = 16 / kBlockLanes;
 };
 
+// Grouped tokens (quantize_grouped.cuh, a mixture of experts' tokens sorted by expert): the kernel's rows are then a
+// padded row space in which group g's tokens offsets[g - 1] .. offsets[g] - 1 (from 0 for g = 0) start at padded
+// row padded_ends[g - 1] (0) and are followed by zero rows up to padded_ends[g], a multiple of kGroupPadRows, so
+// that a tile row lies in one group; rows past the last group are zeros. The columnwise copy is that of the padded
+// rows (each group's transpose, side by side); the rowwise copy goes to the tokens' own rows. Amaxes are per token
+// ([tokens]) for rows and per group and column ([groups, cols]) for columns, or one of each a group ([groups]).
+constexpr int kGroupPadRows = 64;
+struct QuantTokenGroups {
+  const int64_t* offsets;      // [groups] cumulative token ends
+  const int64_t* padded_ends;  // [groups] cumulative padded ends
+  int64_t groups, tokens;
+  bool per_token;  // amaxes per token and per (group, column); else one a group
+};
+
+// The tokens of one tile row of the padded row space.
+struct GroupTileRows {
+  int64_t source;  // the token of the tile's first row
+  int valid;       // tokens in the tile (its first rows); the rest are zero rows
+  int group;       // -1: past every group
+};
+
+// The tokens of the tile row starting at padded row p0 (a multiple of kGroupPadRows / a divisor): every lane of
+// the warp calls it (a ballot per 32 groups counts the groups that end at or before p0, which is the tile's group
+// while the ends do not decrease). Offsets that break their contract still give tokens within [0, tokens).
+__device__ __forceinline__ GroupTileRows group_tile_rows(const QuantTokenGroups& tg, int64_t p0, int tile_rows) {
+  const int lane = threadIdx.x % 32;
+  int64_t g = 0;
+  for (int64_t e0 = 0; e0 < tg.groups; e0 += 32)
+    g += __popc(__ballot_sync(0xFFFFFFFFu, e0 + lane < tg.groups && tg.padded_ends[e0 + lane] <= p0));
+  GroupTileRows t{0, 0, -1};
+  if (g >= tg.groups) return t;
+  const int64_t start = g > 0 ? tg.offsets[g - 1] : 0, padded_start = g > 0 ? tg.padded_ends[g - 1] : 0;
+  const int64_t source = start + (p0 - padded_start), last = std::min<int64_t>(tg.offsets[g], tg.tokens);
+  t.group = static_cast<int>(g);
+  if (source >= 0 && last > source) t.source = source, t.valid = static_cast<int>(std::min<int64_t>(last - source, tile_rows));
+  return t;
+}
+
 // The block amaxes of a lane's patch (patch[i]: its vector of row i), NaN elements ignored as upstream's
 // kernels do (0 if all are NaN): `col[c]` for the lane's columns (16 rows each); `row[j]` for the
 // rowwise blocks of its owned rows kBlockLanes * j + q, which needs the other lanes of the block, so every
@@ -250,14 +288,19 @@ __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, in
 // matrix b - 1's; each takes gridDim.x CTAs. The dense launches have one.
 // kStochastic: stochastic rounding (stochastic.cuh) with the seed and offset in rng_state (read on the device):
 // the rowwise copy draws at the offset, the columnwise copy at the offset + 1, as quantize_options does.
+// kGrouped: grouped tokens (see QuantTokenGroups; rows is the padded row count), row scaling's machinery carrying
+// each tile's group's amaxes; otherwise token_groups is unused.
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt, bool kHadamard,
-          bool kStochastic>
+          bool kStochastic, bool kGrouped = false>
 __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     quantize_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
                     const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                     uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale, uint8_t* __restrict__ col_data,
-                    uint8_t* __restrict__ col_scale, const int64_t* __restrict__ rng_state, int unit_tiles_arg) {
+                    uint8_t* __restrict__ col_scale, const int64_t* __restrict__ rng_state, int unit_tiles_arg,
+                    const QuantTokenGroups token_groups) {
   using L = QuantLane<InT>;
+  static_assert(!kGrouped || (kRowScaled && !k2D && kGroupPadRows % L::kTileRows == 0),
+                "grouped tokens: per-tile amaxes through row scaling, 1x16 blocks, tile rows within a group");
   const int64_t matrix = blockIdx.y;
   x += matrix * rows * x_row_stride;
   if (row_amax != nullptr) row_amax += matrix * (kRowScaled ? rows : 1);
@@ -357,15 +400,16 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   const bool col_data_vec = kColwise && vector_ok(col_data, col_data_pitch, 16);
   const bool col_scale_vec = kColwise && vector_ok(col_scale, col_scale_pitch, kColScaleBytes);
 
-  // Writes the staged rowwise bytes of the warp's tile rows to global memory: kWidth bytes of each row,
-  // from tensor column byte `first_byte` of a row `pitch` bytes long, in 16-byte pieces where aligned.
+  // Writes the staged rowwise bytes of the warp's tile rows to rows row0 .. min(row0 + tile rows, row_end) - 1 of
+  // global memory: kWidth bytes of each row, from tensor column byte `first_byte` of a row `pitch`
+  // bytes long, in 16-byte pieces where aligned.
   auto flush_rows = [&](uint8_t* dst, int64_t pitch, int64_t first_byte, const uint8_t* stage, auto width,
-                        int64_t m0, bool vec) {
+                        int64_t row0, int64_t row_end, bool vec) {
     constexpr int kWidth = decltype(width)::value, kPieces = kWidth / 16, kRowsPerPass = 32 / kPieces;
     __syncwarp();  // every lane's bytes are staged
-    if (vec && m0 + L::kTileRows <= rows && first_byte + kWidth <= pitch) {  // whole: no tests per piece
+    if (vec && row0 + L::kTileRows <= row_end && first_byte + kWidth <= pitch) {  // whole: no tests per piece
       const int r = lane / kPieces, piece = lane % kPieces;
-      uint8_t* d = dst + (m0 + r) * pitch + first_byte + 16 * piece;
+      uint8_t* d = dst + (row0 + r) * pitch + first_byte + 16 * piece;
       const uint8_t* s = stage + r * kWidth + 16 * piece;
 #pragma unroll
       for (int k = 0; k < L::kTileRows / kRowsPerPass; ++k)
@@ -376,8 +420,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
         const int r = id / kPieces, piece = id % kPieces;
         const int64_t offset = first_byte + 16 * piece;
         const int n = static_cast<int>(std::min<int64_t>(pitch - offset, 16));
-        if (m0 + r >= rows || n <= 0) continue;
-        store_piece<16>(dst + (m0 + r) * pitch + offset, stage + r * kWidth + 16 * piece, n);
+        if (row0 + r >= row_end || n <= 0) continue;
+        store_piece<16>(dst + (row0 + r) * pitch + offset, stage + r * kWidth + 16 * piece, n);
       }
     }
     __syncwarp();  // the stage may be refilled
@@ -388,7 +432,26 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // tile before (only when the tile row / tile column changes), so a tile reads them with no wait.
   constexpr int kRowAmaxPerLane = (L::kTileRows + 31) / 32, kColAmaxPerLane = kQuantTileCols / 32;
   float next_row_amax[kRowAmaxPerLane], next_col_amax[kColAmaxPerLane];
-  auto load_amaxes = [&](int tm, int tk, bool new_tile_col) {
+  // (Grouped tokens: those of the tile's group, `tile_rows`; a tile past every group has zero amaxes.)
+  auto load_amaxes = [&](int tm, int tk, bool new_tile_col, const GroupTileRows& tile_rows) {
+    if constexpr (kGrouped) {
+      const int64_t g = tile_rows.group;
+#pragma unroll
+      for (int k = 0; k < kRowAmaxPerLane; ++k) {
+        if constexpr (kRowwise) {
+          const int64_t token = tile_rows.source + std::min(lane + 32 * k, std::max(tile_rows.valid - 1, 0));
+          next_row_amax[k] = g < 0 ? 0.0f : row_amax[token_groups.per_token ? token : g];
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kColAmaxPerLane; ++k) {
+        if constexpr (kColwise) {
+          const int64_t col = std::min<int64_t>(int64_t{tk} * kQuantTileCols + lane + 32 * k, cols - 1);
+          next_col_amax[k] = g < 0 ? 0.0f : col_amax[token_groups.per_token ? g * cols + col : g];
+        }
+      }
+      return;
+    }
     if constexpr (kRowScaled && kRowwise) {
 #pragma unroll
       for (int k = 0; k < kRowAmaxPerLane; ++k)
@@ -443,9 +506,19 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     const InT* first_row;  // the lane's vector in the patch's row 0
     int rows;              // how many of its rows are read (the others are zeros)
   };
-  auto patch_source = [&](int tm_, int tk_) {
-    const int64_t r0 = int64_t{tm_} * L::kTileRows + 16 * group, c0 = int64_t{tk_} * kQuantTileCols + kc * kVec;
+  auto patch_source = [&](int tm_, int tk_, const GroupTileRows& tile_rows) {
+    const int64_t c0 = int64_t{tk_} * kQuantTileCols + kc * kVec;
+    if constexpr (kGrouped) {  // the group's tokens, then zero rows
+      const int64_t r0 = tile_rows.source + 16 * group;
+      return PatchSource{x + r0 * x_row_stride + c0, c0 < cols ? std::max(std::min(tile_rows.valid - 16 * group, 16), 0) : 0};
+    }
+    const int64_t r0 = int64_t{tm_} * L::kTileRows + 16 * group;
     return PatchSource{x + r0 * x_row_stride + c0, c0 < cols ? rows_inside(r0) : 0};
+  };
+  // the tokens of a tile row (grouped tokens; warp-uniform, every lane calls it)
+  auto tile_rows_of = [&](int tm_) {
+    if constexpr (kGrouped) return group_tile_rows(token_groups, int64_t{tm_} * L::kTileRows, L::kTileRows);
+    return GroupTileRows{0, 0, 0};
   };
   auto load_patch_rows = [&](uint4* dst, PatchSource source, int first) {
     const InT* src = source.first_row + first * x_row_stride;
@@ -459,20 +532,27 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
                                          : make_uint4(0, 0, 0, 0);
     }
   };
+  GroupTileRows tile_rows = first_unit < end_unit ? tile_rows_of(tm) : GroupTileRows{0, 0, -1};
   if (first_unit < end_unit) {
-    const PatchSource first = patch_source(tm, tk);
+    const PatchSource first = patch_source(tm, tk, tile_rows);
     load_patch_rows(patch, first, 0), load_patch_rows(patch + 8, first, 8);
   }
-  if (kRowScaled && first_unit < end_unit) load_amaxes(tm, tk, true), publish_global_scales(true, true);
+  if (kRowScaled && first_unit < end_unit) load_amaxes(tm, tk, true, tile_rows), publish_global_scales(true, true);
   while (unit < end_unit) {
     const int64_t m0 = int64_t{tm} * L::kTileRows, k0 = int64_t{tk} * kQuantTileCols;
     const bool unit_ends = tk + 1 == unit_end_tk(unit);
     const int next_unit = unit_ends ? unit + unit_step : unit;
     const int next_tm = unit_ends ? unit_tm(next_unit) : tm, next_tk = unit_ends ? unit_first_tk(next_unit) : tk + 1;
     const bool has_next = next_unit < end_unit;
-    const PatchSource next_source = patch_source(next_tm, next_tk);  // read only if has_next
+    // the next tile's tokens (grouped: each tile loads its group's amaxes and publishes its global scales)
+    const GroupTileRows next_tile_rows = has_next && next_tm != tm ? tile_rows_of(next_tm) : tile_rows;
+    const PatchSource next_source = patch_source(next_tm, next_tk, next_tile_rows);  // read only if has_next
     // `patch` holds this tile (its loads were issued during the tile before, see load_patch_rows).
-    if (kRowScaled && has_next) load_amaxes(next_tm, next_tk, next_tk != tk);
+    if (kRowScaled && has_next) load_amaxes(next_tm, next_tk, next_tk != tk, next_tile_rows);
+    // Where this tile's rowwise outputs go: its own rows, or its group's tokens. (Evaluated where used: a value
+    // live across the encode made ptxas spill in the per-tensor both-copies kernel.)
+    auto out_row0 = [&]() -> int64_t { return kGrouped ? tile_rows.source : m0; };
+    auto out_row_end = [&]() -> int64_t { return kGrouped ? tile_rows.source + tile_rows.valid : rows; };
     float row_amax_of[kOwnedRows], col_amax_of[kVec];
     if constexpr (kHadamard) hadamard_patch<InT>(patch);
     patch_block_amax<V, kRowwise, k2D>(patch, q, row_amax_of, col_amax_of);
@@ -613,7 +693,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
       if constexpr (kStochastic) {  // (compiled only into the stochastic kernels, whose lanes hold 8 elements)
         const uint64_t row_blocks = static_cast<uint64_t>(cols / 16), col_blocks = static_cast<uint64_t>(rows / 16);
         [[maybe_unused]] const uint64_t row_block0 =
-            matrix_block0 + static_cast<uint64_t>(m0 + 16 * group) * row_blocks + k0 / 16 + block;
+            matrix_block0 + static_cast<uint64_t>(out_row0() + 16 * group) * row_blocks + k0 / 16 + block;
         [[maybe_unused]] const uint64_t col_block0 =
             matrix_block0 + static_cast<uint64_t>(k0 + kc * kVec) * col_blocks + m0 / 16 + group;
         uint8_t* row_dst = &row_code_stage[warp][16 * group][tk % kCodeStageTiles * (kQuantTileCols / 2) + kc * kVec / 2];
@@ -724,7 +804,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     if constexpr (kRowwise) {
       if (tk % kCodeStageTiles == kCodeStageTiles - 1 || unit_ends)
         flush_rows(row_data, row_data_pitch, (k0 - tk % kCodeStageTiles * kQuantTileCols) / 2,
-                   &row_code_stage[warp][0][0], std::integral_constant<int, kCodeStageBytes>{}, m0, row_data_vec);
+                   &row_code_stage[warp][0][0], std::integral_constant<int, kCodeStageBytes>{}, out_row0(), out_row_end(),
+                   row_data_vec);
       if (unit_ends) {
         // The unit's scales: stage bytes from (its first tile % kUnitTiles) * 4 on, unit_tiles * 4 a row, in
         // 8-byte pieces (1, 2 or 4 a row; one loop for every unit width keeps the tile loop's code small).
@@ -736,14 +817,15 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
           const int r = id >> piece_shift, piece = id & ((1 << piece_shift) - 1);
           const int64_t offset = first_byte + 8 * piece;
           const int n = static_cast<int>(std::min<int64_t>(row_scale_pitch - offset, 8));
-          if (m0 + r >= rows || n <= 0) continue;
-          store_piece<8>(row_scale + (m0 + r) * row_scale_pitch + offset, stage + r * kScaleStageBytes + 8 * piece, n);
+          if (out_row0() + r >= out_row_end() || n <= 0) continue;
+          store_piece<8>(row_scale + (out_row0() + r) * row_scale_pitch + offset, stage + r * kScaleStageBytes + 8 * piece,
+                         n);
         }
         __syncwarp();  // the stage may be refilled
       }
     }
-    if (kRowScaled && has_next) publish_global_scales(next_tm != tm, next_tk != tk);
-    unit = next_unit, tm = next_tm, tk = next_tk;
+    if (kRowScaled && has_next) publish_global_scales(kGrouped || next_tm != tm, kGrouped || next_tk != tk);
+    unit = next_unit, tm = next_tm, tk = next_tk, tile_rows = next_tile_rows;
   }
 }
 
@@ -766,16 +848,16 @@ int quantize_can_implement(const void* x, int64_t x_row_stride, int64_t rows, in
   return kOk;
 }
 
+// Launches quantize_kernel over rows x cols (a checked problem with work), as the programmatic dependent of the
+// kernel before it on `stream` (the kernel waits for it before it reads the amaxes).
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHadamard, bool kStochastic,
-          bool kHardwareCvt>
-int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax,
-                 const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale,
-                 const int64_t* rng_state, cudaStream_t stream) {
-  const int status = quantize_can_implement<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard, kStochastic>(
-      x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, rng_state);
-  if (status != kOk) return status;
-  if (rows == 0 || cols == 0) return kOk;
-  constexpr auto kernel = quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHardwareCvt, kHadamard, kStochastic>;
+          bool kHardwareCvt, bool kGrouped = false>
+int launch_quantize_kernel(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax,
+                           const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data,
+                           uint8_t* col_scale, const int64_t* rng_state, const QuantTokenGroups& token_groups,
+                           cudaStream_t stream) {
+  constexpr auto kernel =
+      quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHardwareCvt, kHadamard, kStochastic, kGrouped>;
   int device = 0, sms = 0, per_sm = 0;
   if (!current_device_multiprocessors(&device, &sms) || !cached_occupancy<kernel>(device, kQuantThreads, 0, &per_sm))
     return launch_status();
@@ -793,10 +875,23 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
     // call on the H200, and still slower with those scales made free (bench/RESULTS.md, a32b33d, 2026-11-30)
     if (grid >= tiles_k) grid = grid / tiles_k * tiles_k;
   }
-  // the programmatic dependent of the kernel before it (the kernel waits for it before it reads the amaxes)
   return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
                                        static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
-                                       row_data, row_scale, col_data, col_scale, rng_state, unit_tiles);
+                                       row_data, row_scale, col_data, col_scale, rng_state, unit_tiles, token_groups);
+}
+
+template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHadamard, bool kStochastic,
+          bool kHardwareCvt>
+int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax,
+                 const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale,
+                 const int64_t* rng_state, cudaStream_t stream) {
+  const int status = quantize_can_implement<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard, kStochastic>(
+      x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, rng_state);
+  if (status != kOk) return status;
+  if (rows == 0 || cols == 0) return kOk;
+  return launch_quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard, kStochastic, kHardwareCvt>(
+      x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, rng_state,
+      QuantTokenGroups{}, stream);
 }
 
 }  // namespace fp4gen

@@ -462,7 +462,39 @@ int launch_stacked_plain(const GroupedQuantizeArgs& a, int64_t group_rows, cudaS
                                        dim3(kQuantThreads), 0, stream, static_cast<const InT*>(a.x), a.x_row_stride,
                                        group_rows, a.cols, static_cast<const float*>(a.row_amax),
                                        static_cast<const float*>(a.col_amax), a.row_data, a.row_scale, a.col_data,
-                                       a.col_scale, static_cast<const int64_t*>(nullptr), kUnitTiles);
+                                       a.col_scale, static_cast<const int64_t*>(nullptr), kUnitTiles,
+                                       QuantTokenGroups{});
+}
+
+// Tokens in the plain quantize kernel (quantize.cuh's grouped tokens), where the options allow it: round to nearest
+// or stochastic rounding of 16-bit inputs, the transform or not, no 4over6, and the column layout whose padded rows
+// are the kernel's (groups padded to kGroupPadRows, one [K, capacity] copy). One kernel a copy: the rowwise copy
+// (the tokens' rows), then the columnwise copy (the padded rows; the transform is the columnwise-only kernel's).
+inline bool grouped_tokens_plain(const GroupedQuantizeArgs& a, size_t in_bytes) {
+  return !a.stacked && !a.block_2d && a.four_over_six == 0 && (!a.stochastic || in_bytes == 2) &&
+         a.capacity % kGroupPadRows == 0 && (a.col_data == nullptr || (a.col_group_stride == 0 &&
+                                                                         a.col_row_stride == a.capacity / 2));
+}
+
+template <class InT, bool kHardwareCvt, bool kStochastic>
+int launch_grouped_tokens_plain(const GroupedQuantizeArgs& a, cudaStream_t stream) {
+  const QuantTokenGroups groups{a.offsets, a.padded_ends, a.groups, a.rows, a.vector_amax};
+  if (a.row_data != nullptr) {
+    const int launched =
+        launch_quantize_kernel<InT, true, false, true, false, false, kStochastic, kHardwareCvt, true>(
+            a.x, a.x_row_stride, a.capacity, a.cols, a.row_amax, nullptr, a.row_data, a.row_scale, nullptr, nullptr,
+            a.rng_state, groups, stream);
+    if (launched != kOk) return launched;
+  }
+  if (a.col_data == nullptr) return kOk;
+  if (a.hadamard) {
+    return launch_quantize_kernel<InT, false, true, true, false, true, kStochastic, kHardwareCvt, true>(
+        a.x, a.x_row_stride, a.capacity, a.cols, nullptr, a.col_amax, nullptr, nullptr, a.col_data, a.col_scale,
+        a.rng_state, groups, stream);
+  }
+  return launch_quantize_kernel<InT, false, true, true, false, false, kStochastic, kHardwareCvt, true>(
+      a.x, a.x_row_stride, a.capacity, a.cols, nullptr, a.col_amax, nullptr, nullptr, a.col_data, a.col_scale,
+      a.rng_state, groups, stream);
 }
 
 // Zeroes the amaxes, runs the amax pass, then the encode pass of the options asked for.
@@ -514,6 +546,12 @@ int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int6
   } else {
     grouped_amax_kernel<InT><<<grouped_grid(capacity, cols), kOptThreads, 0, stream>>>(a);
     if (const int launched = launch_status(); launched != kOk) return launched;
+    if (grouped_tokens_plain(a, sizeof(InT))) {
+      if constexpr (sizeof(InT) == 2) {
+        if (stochastic) return launch_grouped_tokens_plain<InT, kHardwareCvt, true>(a, stream);
+      }
+      return launch_grouped_tokens_plain<InT, kHardwareCvt, false>(a, stream);
+    }
     launch_encode<InT, kHardwareCvt, false>(a, grouped_grid(capacity, cols), stream, 0, 0);
   }
   return launch_status();
