@@ -68,11 +68,11 @@ __global__ void zero_empty_kernel(const Problem p, const typename G::Shape* shap
   if (cute::get<0>(shapes[g]) != 0) return;
   const auto* c = static_cast<const ElementD*>(p.c);
   auto* d = static_cast<ElementD*>(p.d) + g * p.d_group_stride;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.m * p.n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / p.n, col = i - row * p.n;
-    const float value = beta != 0.0f ? beta * static_cast<float>(c[g * p.c_group_stride + row * p.ldc + col]) : 0.0f;
-    d[row * p.ldd + col] = static_cast<ElementD>(value);
+  for (int64_t row = blockIdx.x; row < p.m; row += gridDim.x) {  // a CTA a row at a time, its threads along it
+    for (int64_t col = threadIdx.x; col < p.n; col += blockDim.x) {
+      const float value = beta != 0.0f ? beta * static_cast<float>(c[g * p.c_group_stride + row * p.ldc + col]) : 0.0f;
+      d[row * p.ldd + col] = static_cast<ElementD>(value);
+    }
   }
 }
 
@@ -86,6 +86,14 @@ inline int multiprocessors(int device) {
   int count = 0;
   cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
   return count;
+}
+
+// zero_empty_kernel's grid: y the groups, x a share of about 16 CTAs a multiprocessor in all. Nearly every group has
+// rows and its CTAs return at once; 1024 CTAs a group cost 80 us of empty CTAs at 128 groups on the H200
+// (bench/RESULTS.md, 2026-12-03).
+inline dim3 zero_empty_grid(int64_t m, int64_t groups) {
+  const int64_t share = std::max<int64_t>(1, int64_t{16} * multiprocessors(current_device()) / groups);
+  return dim3(static_cast<unsigned>(std::min<int64_t>({m, share, 1024})), static_cast<unsigned>(groups));
 }
 
 // The operands as the C ABI passes them (bytes and byte strides), and the family's area of the workspace.
@@ -184,8 +192,8 @@ int grouped_cutlass_run(FP4GEN_GROUPED_GEMM_PARAMS, cudaStream_t stream) {
   const typename G::Arrays arrays = G::arrays_at(base + layout.arrays, groups);
   if (const int prepared = G::prepare(problem, arrays, operands, stream); prepared != kOk) return prepared;
   if (along_k) {
-    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((m * n + 255) / 256, 1024)), static_cast<unsigned>(groups));
-    grouped_args::zero_empty_kernel<G><<<grid, 256, 0, stream>>>(problem, arrays.shapes, beta);
+    grouped_args::zero_empty_kernel<G><<<grouped_args::zero_empty_grid(m, groups), 256, 0, stream>>>(problem, arrays.shapes,
+                                                                                                 beta);
   }
   if (const int launched = launch_status(); launched != kOk) return launched;
   return cutlass_run<typename G::Gemm>(grouped_args::gemm_arguments<G>(base + layout.arrays, groups, c, bias, alpha,

@@ -16,14 +16,20 @@
 // copies, rounded to nearest with no other option (the weights' recipe): stacked_amax_kernel, then the plain
 // quantize kernel (quantize.cuh) over all groups in one grid, one matrix a grid row. Any other options:
 // stacked_encode_kernel, which tiles each group as quantize_options does, after stacked_amax_kernel (per-group
-// amaxes without the transform) or the padded-row-space amax pass below. Tokens take both passes below.
+// amaxes without the transform) or the padded-row-space amax pass below (grouped_amax_kernel).
 //
-// Both passes work on 64 x 64 tiles of the padded row space (capacity rows), a CTA on four consecutive tiles of
-// one column tile: each 16-row block finds its group by a binary search of padded_ends, then reads its rows of
-// x (zeros past the group's end). The amax pass accumulates the amaxes with atomicMax on |x|'s bit patterns (NaN > Inf > every finite value, so NaN
-// propagates), then the encode pass encodes the tile as the quantize_options kernels do (encode_options_tile),
-// through a layout that maps the tile to the grouped copies. Options are run-time arguments: one library per
-// input dtype and arch serves every grouped quantization (a few kernels, chosen at launch).
+// Tokens: the amax pass grouped_token_amax_kernel (patches in registers, a warp a run of 16-row blocks of the
+// padded row space down a column strip), then, where the options allow (grouped_tokens_plain), the plain quantize
+// kernel over the padded rows, once for each copy, each 64-row tile finding its group from padded_ends
+// (group_tile_rows in quantize.cuh); otherwise grouped_encode_kernel.
+//
+// The padded-row-space passes below (grouped_amax_kernel, the encode kernels) work on 64 x 64 tiles (capacity
+// rows), a CTA on four consecutive tiles of one column tile: each 16-row block finds its group by a binary search
+// of padded_ends, then reads its rows of x (zeros past the group's end). Every amax pass accumulates the amaxes
+// with atomicMax on |x|'s bit patterns (NaN > Inf > every finite value, so NaN propagates); the encode pass
+// encodes the tile as the quantize_options kernels do (encode_options_tile), through a layout that maps the tile
+// to the grouped copies. Options are run-time arguments: one library per input dtype and arch serves every
+// grouped quantization (a few kernels, chosen at launch).
 //
 // Offsets that break their contract (decreasing, or past T) cannot reach memory outside x or the outputs: rows
 // are clamped to [0, T) and blocks to the capacity; what such groups hold is then undefined.
@@ -264,6 +270,194 @@ __global__ void __launch_bounds__(kOptThreads) grouped_amax_kernel(const Grouped
       }
     }
   });
+}
+
+// The amax pass of grouped tokens (not stacked): the amaxes grouped_amax_kernel gives, from patches held in
+// registers as amax_hadamard_tensor_kernel holds them, where that kernel's 64 x 64 tiles through shared memory ran
+// at 1.6-1.9 TB/s on the H200 (bench/RESULTS.md, 2026-12-03). A warp takes one strip of 32 vectors of columns
+// (kVec each) and a run of consecutive 16-row blocks of the padded row space down it; a lane loads 16 rows of
+// its vector (zeros past the group's tokens, as the columnwise copy has them), transforms them with the
+// transform, and keeps maxima:
+//  - per token (kVectorAmax): a row's maximum over the warp's columns by a transposing reduction (16 rows over
+//    32 lanes in 16 shuffles), one atomicMax a row and strip;
+//  - per (group, column) (kVectorAmax): each of its columns' maxima over the run's blocks of one group, one
+//    atomicMax a column when the group changes or the run ends;
+//  - per group: two running maxima, reduced over the warp and flushed the same way.
+// A block's group comes from the padded ends as the quantize kernel's tiles find theirs (group_tile_rows), looked up
+// again only when the run leaves the group's padded rows.
+// CTAs of four warps, at least three a multiprocessor: the transforming variants of 16-bit inputs take about 166
+// registers a thread (the patch, the transform's pairs and the group's bounds), which three CTAs of 128 threads fit.
+constexpr int kTokenAmaxThreads = 128, kTokenAmaxWarps = kTokenAmaxThreads / 32, kTokenAmaxMinCtasPerSm = 3;
+
+// The maximum of v[i] over the 32 lanes, for 16 values, in 16 shuffles: each step halves the values a lane keeps
+// (the upper or lower half, by a bit of its lane) and takes the maximum with its partner's other half. Lane l ends
+// with the maximum of value token_amax_row(l) (twice: lanes l and l ^ 1).
+template <int kHalf>
+__device__ __forceinline__ void transpose_max_step(uint32_t (&v)[16], int lane) {
+  const bool upper = lane & (2 * kHalf);
+#pragma unroll
+  for (int j = 0; j < kHalf; ++j) {
+    const uint32_t send = upper ? v[j] : v[j + kHalf], keep = upper ? v[j + kHalf] : v[j];
+    v[j] = max(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2 * kHalf));
+  }
+}
+__device__ __forceinline__ uint32_t transpose_max16(uint32_t (&v)[16], int lane) {
+  transpose_max_step<8>(v, lane), transpose_max_step<4>(v, lane), transpose_max_step<2>(v, lane);
+  transpose_max_step<1>(v, lane);
+  return max(v[0], __shfl_xor_sync(0xFFFFFFFFu, v[0], 1));
+}
+__device__ __forceinline__ int token_amax_row(int lane) {
+  return ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 + ((lane >> 1) & 1);
+}
+
+__device__ __forceinline__ uint32_t warp_max_bits(uint32_t bits) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+  return bits;
+}
+
+template <class InT, bool kHadamard, bool kVectorAmax>
+__global__ void __launch_bounds__(kTokenAmaxThreads, kTokenAmaxMinCtasPerSm)
+    grouped_token_amax_kernel(const GroupedQuantizeArgs a, int64_t strips, int64_t blocks_per_run) {
+  using E = Element<InT>;
+  constexpr int kVec = E::kPerVector;
+  const int lane = threadIdx.x % 32;
+  const int64_t run = int64_t{blockIdx.x} * kTokenAmaxWarps + threadIdx.x / 32;
+  const int64_t strip = run % strips, b_end = std::min(a.capacity / 16, (run / strips + 1) * blocks_per_run);
+  const int64_t col = (strip * 32 + lane) * kVec;  // cols % 16 == 0: a lane's vector is wholly in or out
+  const bool col_in = col < a.cols;
+  const InT* const x = static_cast<const InT*>(a.x) + col;
+  const QuantTokenGroups tg{a.offsets, a.padded_ends, a.groups, a.rows, kVectorAmax};
+  int group = -1;
+  int64_t padded_start = 0, padded_end = -1, token_start = 0, token_end = 0;  // the current group's
+  uint32_t col_bits[kVec] = {};             // per (group, column): this group's maxima of the lane's columns
+  uint32_t row_bits = 0u, group_col_bits = 0u;  // per group
+  auto flush = [&]() {  // the current group's column (and per-group) maxima; warp-uniform
+    if (group < 0) return;
+    if constexpr (kVectorAmax) {
+      if (a.col_amax != nullptr && col_in) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j)
+          if (col_bits[j] != 0u) atomicMax(reinterpret_cast<unsigned int*>(a.col_amax + group * a.cols + col + j), col_bits[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) col_bits[j] = 0u;
+    } else {
+      const uint32_t r = warp_max_bits(row_bits), c = warp_max_bits(group_col_bits);
+      if (lane == 0 && a.row_amax != nullptr && r != 0u) atomicMax(reinterpret_cast<unsigned int*>(a.row_amax + group), r);
+      if (lane == 0 && a.col_amax != nullptr && c != 0u) atomicMax(reinterpret_cast<unsigned int*>(a.col_amax + group), c);
+      row_bits = group_col_bits = 0u;
+    }
+  };
+  for (int64_t b = (run / strips) * blocks_per_run; b < b_end; ++b) {
+    const int64_t p0 = b * 16;
+    if (p0 >= padded_end) {  // a new group's padded rows (or past every group)
+      flush();
+      group = -1;
+      const GroupTileRows t = group_tile_rows(tg, p0, 16);
+      if (t.group < 0) break;  // zero rows from here on: no maximum changes
+      group = t.group;
+      padded_start = group > 0 ? a.padded_ends[group - 1] : 0, padded_end = a.padded_ends[group];
+      token_start = group > 0 ? a.offsets[group - 1] : 0, token_end = std::min<int64_t>(a.offsets[group], a.rows);
+    }
+    const int64_t source = token_start + (p0 - padded_start);  // as group_tile_rows finds it
+    const int valid = source >= 0 && token_end > source ? static_cast<int>(std::min<int64_t>(token_end - source, 16)) : 0;
+    if (valid == 0) continue;  // padding: zeros, also after the transform
+    uint4 patch[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      patch[i] = col_in && i < valid ? load_streaming<false>(x + (source + i) * a.x_row_stride) : make_uint4(0, 0, 0, 0);
+    // rows, untransformed
+    if constexpr (kVectorAmax) {
+      if (a.row_amax != nullptr) {
+        uint32_t row_max[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const uint32_t m = word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(0u, patch[i].x), patch[i].y), patch[i].z), patch[i].w);
+          row_max[i] = E::abs_bits_as_float_bits(word_element<InT>(m, 0));
+          if constexpr (sizeof(InT) == 2) row_max[i] = max(row_max[i], E::abs_bits_as_float_bits(word_element<InT>(m, 1)));
+        }
+        const uint32_t m = transpose_max16(row_max, lane);
+        const int r = token_amax_row(lane);
+        if ((lane & 1) == 0 && r < valid && m != 0u) atomicMax(reinterpret_cast<unsigned int*>(a.row_amax + source + r), m);
+      }
+    } else {
+      uint32_t m = 0u;  // packed like the input
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        m = word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(m, patch[i].x), patch[i].y), patch[i].z), patch[i].w);
+      uint32_t bits = E::abs_bits_as_float_bits(word_element<InT>(m, 0));
+      if constexpr (sizeof(InT) == 2) bits = max(bits, E::abs_bits_as_float_bits(word_element<InT>(m, 1)));
+      row_bits = max(row_bits, bits);
+    }
+    // columns, transformed with the transform
+    if (a.col_amax == nullptr) continue;
+    if constexpr (kHadamard) {
+      hadamard_patch<InT>(patch);
+      if constexpr (kVectorAmax) {
+#pragma unroll
+        for (int w = 0; w < kVec / (sizeof(InT) == 2 ? 2 : 1); ++w) {
+          uint32_t m = 0u;
+#pragma unroll
+          for (int i = 0; i < 16; ++i) {
+            if constexpr (sizeof(InT) == 2) m = max_u16x2(m, vector_word(patch[i], w) & 0x7FFF7FFFu);  // bf16 pairs
+            else m = max(m, vector_word(patch[i], w) & 0x7FFFFFFFu);
+          }
+          if constexpr (sizeof(InT) == 2) {
+            col_bits[2 * w] = max(col_bits[2 * w], m << 16), col_bits[2 * w + 1] = max(col_bits[2 * w + 1], m & 0xFFFF0000u);
+          } else {
+            col_bits[w] = max(col_bits[w], m);
+          }
+        }
+      } else {
+        group_col_bits = max(group_col_bits, transformed_patch_abs_max_bits<InT>(patch));
+      }
+    } else if constexpr (kVectorAmax) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t m = 0u;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) m = word_abs_max<InT>(m, vector_word(patch[i], w));
+#pragma unroll
+        for (int e = 0; e < (sizeof(InT) == 2 ? 2 : 1); ++e) {
+          const int j = w * (sizeof(InT) == 2 ? 2 : 1) + e;
+          col_bits[j] = max(col_bits[j], E::abs_bits_as_float_bits(word_element<InT>(m, e)));
+        }
+      }
+    } else {
+      group_col_bits = row_bits;  // the same elements, untransformed
+    }
+  }
+  flush();
+}
+
+// Launches grouped_token_amax_kernel: runs of blocks_per_run blocks, as many runs as the variant's resident CTAs
+// hold warps (at least one a strip).
+template <class InT, bool kHadamard, bool kVectorAmax>
+int launch_grouped_token_amax_variant(const GroupedQuantizeArgs& a, cudaStream_t stream) {
+  constexpr auto kernel = grouped_token_amax_kernel<InT, kHadamard, kVectorAmax>;
+  constexpr int64_t kStripCols = 32 * Element<InT>::kPerVector;
+  int device = 0, sms = 0, per_sm = 0;
+  if (!current_device_multiprocessors(&device, &sms) || !cached_occupancy<kernel>(device, kTokenAmaxThreads, 0, &per_sm))
+    return launch_status();
+  const int64_t strips = (a.cols + kStripCols - 1) / kStripCols, blocks = a.capacity / 16;
+  const int64_t warps = int64_t{sms} * std::max(per_sm, 1) * kTokenAmaxWarps;
+  const int64_t runs_per_strip = std::max<int64_t>(1, std::min(blocks, warps / strips));
+  const int64_t blocks_per_run = (blocks + runs_per_strip - 1) / runs_per_strip;
+  const int64_t runs = strips * ((blocks + blocks_per_run - 1) / blocks_per_run);
+  kernel<<<static_cast<unsigned>((runs + kTokenAmaxWarps - 1) / kTokenAmaxWarps), kTokenAmaxThreads, 0, stream>>>(
+      a, strips, blocks_per_run);
+  return launch_status();
+}
+
+template <class InT>
+int launch_grouped_token_amax(const GroupedQuantizeArgs& a, cudaStream_t stream) {
+  if (a.hadamard) {
+    return a.vector_amax ? launch_grouped_token_amax_variant<InT, true, true>(a, stream)
+                         : launch_grouped_token_amax_variant<InT, true, false>(a, stream);
+  }
+  return a.vector_amax ? launch_grouped_token_amax_variant<InT, false, true>(a, stream)
+                       : launch_grouped_token_amax_variant<InT, false, false>(a, stream);
 }
 
 // Stochastic rounding's seed and offset, read on the device (so a captured call draws anew at each replay).
@@ -544,8 +738,7 @@ int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int6
                     static_cast<unsigned>((cols + kOptTile - 1) / kOptTile));
     launch_encode<InT, kHardwareCvt, true>(a, grid, stream, group_rows, tiles_per_group);
   } else {
-    grouped_amax_kernel<InT><<<grouped_grid(capacity, cols), kOptThreads, 0, stream>>>(a);
-    if (const int launched = launch_status(); launched != kOk) return launched;
+    if (const int launched = launch_grouped_token_amax<InT>(a, stream); launched != kOk) return launched;
     if (grouped_tokens_plain(a, sizeof(InT))) {
       if constexpr (sizeof(InT) == 2) {
         if (stochastic) return launch_grouped_tokens_plain<InT, kHardwareCvt, true>(a, stream);
