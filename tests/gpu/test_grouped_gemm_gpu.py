@@ -81,8 +81,9 @@ def test_fprop_dgrad_wgrad_equal_reference(routing, x_scaling, out_dtype):
 
 
 @pytest.mark.parametrize("w_block", [(1, 16), (16, 16)])
-@pytest.mark.parametrize("k,n", [(64, 64), (320, 208), (1024, 96)])
+@pytest.mark.parametrize("k,n", [(64, 64), (320, 208), (1024, 96), (4160, 80)])
 def test_shapes_and_weight_blocks(w_block, k, n):
+    """k = 4160: rows of 260 blocks, which the fp16 copies split between two CTAs."""
     offsets, gx, gw, gdy = operands("skewed", k=k, n=n, w_block=w_block, seed=1)
     check(gx.rowwise, gw.rowwise, offsets, torch.bfloat16)
     check(gdy.columnwise, gx.columnwise, offsets, torch.float32)

@@ -189,6 +189,15 @@ __device__ __forceinline__ void dequantize_block(uint2 packed, uint32_t scale_by
   second.z = scale_pair(hi[2], scale), second.w = scale_pair(hi[3], scale);
 }
 
+// One half of a block: its chunk of eight values from four code bytes (the block's first or second uint32 of
+// codes), as dequantize_block makes that chunk.
+__device__ __forceinline__ uint4 dequantize_half_block(uint32_t codes, uint32_t scale_byte) {
+  const __half2 scale = e4m3_to_half2(scale_byte);
+  uint32_t v[4];
+  decode8(codes, v);
+  return make_uint4(scale_pair(v[0], scale), scale_pair(v[1], scale), scale_pair(v[2], scale), scale_pair(v[3], scale));
+}
+
 // Every staged 16-element block once into the fp16 tile [kRows][128 bytes] (half_tile_offset's swizzle):
 // two 16-byte chunks per block. Within a chunk the elements sit in decode8's order; A and B share it, so
 // the dot products are unchanged. Task i = tid + j * kThreads is block i % 4 of row i / 4: its codes at

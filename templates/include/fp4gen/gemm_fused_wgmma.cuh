@@ -131,51 +131,90 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t
 // dequantize the same A tile again, N / BN times), and B's where a grouped kernel reads both as fp16.
 // kStacked: the rows come in groups of rows_per_group (stacked expert weights), group g's codes and scales
 // group_stride and scale_group_stride bytes after group g - 1's; the fp16 rows follow one another regardless.
+//
+// Threads: x along a row's 16-byte output chunks (half a 16-element block each: its 4 code bytes and the block's
+// scale), so that each store instruction of a warp writes 512 contiguous bytes, y along rows; each thread loads
+// kDequantRowsPerIter rows' codes and scales before it decodes any (bytes in flight to cover DRAM latency), and
+// the grid (rows, chunks, groups) needs no division by an index. On the H200 this took the stacked weights' copy
+// of Qwen3-30B-A3B's FC1 experts from 443 to 290 us against the first version, a thread a block over a flat index
+// with two 64-bit divisions and two 16-byte stores 32 bytes apart (2.3-2.5 TB/s); that version on this grid, still
+// two stores a thread, was slower yet (bench/RESULTS.md, 2026-12-03).
+constexpr int kDequantRowsPerIter = 4, kDequantThreads = 256;
+
 template <bool kStacked>
-__global__ void __launch_bounds__(256) dequantize_rows_kernel(const uint8_t* codes, const uint8_t* scales,
-                                                              int64_t ld, int64_t ld_scale, int64_t rows, int64_t k,
-                                                              uint8_t* half, int64_t rows_per_group,
-                                                              int64_t group_stride, int64_t scale_group_stride) {
+__global__ void __launch_bounds__(kDequantThreads) dequantize_rows_kernel(
+    const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale, int64_t rows, int64_t k, uint8_t* half,
+    int64_t group_stride, int64_t scale_group_stride) {
   // The dense GEMMs launch as its programmatic dependents (launch_half_a_gemm): let them launch now; they wait
   // for this kernel's end before they read `half`. Launched plainly itself, it follows what wrote its input.
   asm volatile("griddepcontrol.launch_dependents;");
-  const int64_t blocks_per_row = k / 16, blocks = rows * blocks_per_row;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < blocks;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / blocks_per_row, block = i - row * blocks_per_row;
-    const uint8_t* row_codes = codes + row * ld;
-    const uint8_t* row_scales = scales + row * ld_scale;
-    if constexpr (kStacked) {
-      const int64_t group = row / rows_per_group, in_group = row - group * rows_per_group;
-      row_codes = codes + group * group_stride + in_group * ld;
-      row_scales = scales + group * scale_group_stride + in_group * ld_scale;
+  const int64_t chunk = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (chunk >= k / 8) return;
+  if constexpr (kStacked) {  // grid.z walks the groups of `rows` rows
+    const int64_t group = blockIdx.z;
+    codes += group * group_stride, scales += group * scale_group_stride, half += group * rows * k * 2;
+  }
+  codes += chunk * 4, scales += chunk / 2, half += chunk * 16;
+  const int64_t row_step = blockDim.y, iter_step = static_cast<int64_t>(gridDim.x) * blockDim.y * kDequantRowsPerIter;
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.y * kDequantRowsPerIter + threadIdx.y; first < rows;
+       first += iter_step) {
+    uint32_t packed[kDequantRowsPerIter], scale[kDequantRowsPerIter];
+#pragma unroll
+    for (int r = 0; r < kDequantRowsPerIter; ++r) {
+      const int64_t row = first + r * row_step;
+      if (row < rows) packed[r] = *reinterpret_cast<const uint32_t*>(codes + row * ld), scale[r] = scales[row * ld_scale];
     }
-    uint4 first, second;
-    fused_gemm::dequantize_block(*reinterpret_cast<const uint2*>(row_codes + block * 8), row_scales[block], first,
-                                 second);
-    uint4* const out = reinterpret_cast<uint4*>(half + row * k * 2 + block * 32);
-    out[0] = first, out[1] = second;
+#pragma unroll
+    for (int r = 0; r < kDequantRowsPerIter; ++r) {
+      const int64_t row = first + r * row_step;
+      if (row >= rows) break;
+      *reinterpret_cast<uint4*>(half + row * k * 2) = fused_gemm::dequantize_half_block(packed[r], scale[r]);
+    }
   }
 }
 
-inline unsigned dequantize_rows_grid(int64_t rows, int64_t k) {
-  return static_cast<unsigned>(std::min<int64_t>((rows * (k / 16) + 255) / 256, 8192));
+// Launches dequantize_rows_kernel over `groups` groups of rows x k (stacked when kStacked) on `stream`: 256
+// threads or a little fewer, as many along a row as it has chunks (a row wider than 256 chunks split evenly
+// between CTAs, in whole warps), and about two waves of CTAs of the current device.
+template <bool kStacked>
+inline void launch_dequantize_rows(const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale,
+                                   int64_t groups, int64_t rows, int64_t k, uint8_t* half, int64_t group_stride,
+                                   int64_t scale_group_stride, cudaStream_t stream) {
+  const int64_t chunks_per_row = k / 8;
+  if (groups <= 0 || rows <= 0 || chunks_per_row <= 0) return;
+  const int64_t col_ctas = (chunks_per_row + kDequantThreads - 1) / kDequantThreads;
+  const int64_t per_cta = (chunks_per_row + col_ctas - 1) / col_ctas;
+  const int64_t threads_x = col_ctas > 1 ? (per_cta + 31) / 32 * 32 : per_cta;
+  const int64_t threads_y = kDequantThreads / threads_x;
+  int device = 0, sms = 0;
+  if (!current_device_multiprocessors(&device, &sms)) return;  // the caller's launch_status() reports it
+  constexpr int64_t kCtasPerSm = 8, kWaves = 2, kMaxGridZ = 65535;
+  const int64_t row_ctas_needed = (rows + threads_y * kDequantRowsPerIter - 1) / (threads_y * kDequantRowsPerIter);
+  const dim3 block(static_cast<unsigned>(threads_x), static_cast<unsigned>(threads_y));
+  for (int64_t g0 = 0; g0 < groups; g0 += kMaxGridZ) {  // grid.z walks the groups, 65535 at most a launch
+    const int64_t launch_groups = std::min(groups - g0, kMaxGridZ);
+    const int64_t row_ctas_wanted = std::max<int64_t>(1, sms * kCtasPerSm * kWaves / (col_ctas * launch_groups));
+    const dim3 grid(static_cast<unsigned>(std::min(row_ctas_needed, row_ctas_wanted)),
+                    static_cast<unsigned>(col_ctas), static_cast<unsigned>(launch_groups));
+    dequantize_rows_kernel<kStacked><<<grid, block, 0, stream>>>(codes + g0 * group_stride,
+                                                                 scales + g0 * scale_group_stride, ld, ld_scale, rows,
+                                                                 k, half + g0 * rows * k * 2, group_stride,
+                                                                 scale_group_stride);
+  }
 }
 
 // Launches dequantize_rows_kernel over rows x k on `stream`.
 inline void dequantize_rows(const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale, int64_t rows,
                             int64_t k, uint8_t* half, cudaStream_t stream) {
-  dequantize_rows_kernel<false><<<dequantize_rows_grid(rows, k), 256, 0, stream>>>(codes, scales, ld, ld_scale, rows,
-                                                                                   k, half, rows, 0, 0);
+  launch_dequantize_rows<false>(codes, scales, ld, ld_scale, 1, rows, k, half, 0, 0, stream);
 }
 
 // The same over `groups` stacked groups of rows_per_group rows each (rows_per_group > 0).
 inline void dequantize_stacked_rows(const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale,
                                     int64_t groups, int64_t rows_per_group, int64_t group_stride,
                                     int64_t scale_group_stride, int64_t k, uint8_t* half, cudaStream_t stream) {
-  const int64_t rows = groups * rows_per_group;
-  dequantize_rows_kernel<true><<<dequantize_rows_grid(rows, k), 256, 0, stream>>>(
-      codes, scales, ld, ld_scale, rows, k, half, rows_per_group, group_stride, scale_group_stride);
+  launch_dequantize_rows<true>(codes, scales, ld, ld_scale, groups, rows_per_group, k, half, group_stride,
+                               scale_group_stride, stream);
 }
 
 // Copies k-tiles of an fp16 operand's rows r0 .. r0 + kRows - 1 (of `rows`, each k elements) into a slot in the
