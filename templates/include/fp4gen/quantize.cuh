@@ -59,10 +59,13 @@ constexpr int kUnitTiles = 8, kCodeStageTiles = 2;
 // The row-scaled columnwise-only kernel (the pass after the row pass, row_pass.cuh) has no rowwise stages and
 // takes single tiles instead, dealt to the CTAs in turn in row-major order, with loads and stores that leave
 // L2 first (see kAfterRowPass in quantize_kernel). The same kernel also follows the amax pass (row scaling
-// with no rowwise copy), where that gains nothing.
-template <bool kRowwise, bool kColwise, bool kRowScaled>
+// with no rowwise copy), where that gains nothing. Grouped tokens (kGrouped) take units like the other kernels:
+// their tiles then share a group along a unit; on the H200 that ran 2-6% faster in six of the twelve MoE calls
+// measured, within 0.5% in four, slower in two (Qwen3-30B-A3B FC2's X, 768 columns: 1.6% and 3.8%;
+// bench/RESULTS.md, 2026-12-03).
+template <bool kRowwise, bool kColwise, bool kRowScaled, bool kGrouped = false>
 constexpr bool quant_after_row_pass() {
-  return kRowScaled && kColwise && !kRowwise;
+  return kRowScaled && kColwise && !kRowwise && !kGrouped;
 }
 // Tiles a unit for a tensor of tile_rows x tiles_k tiles on a GPU of `slots` CTA slots. Round to nearest:
 // kUnitTiles, halved (to at least kCodeStageTiles, so that units start at even tiles and the codes' stage stays
@@ -326,7 +329,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // leave L2 first keep them there until this kernel gets to them. (Walking the tiles bottom up, to read those
   // rows first, found about twice as much of x in L2 but measured about 1 us slower on 8192x8192 on the H200:
   // bench/RESULTS.md, b43f5ad, 2026-11-30.)
-  constexpr bool kAfterRowPass = quant_after_row_pass<kRowwise, kColwise, kRowScaled>();
+  constexpr bool kAfterRowPass = quant_after_row_pass<kRowwise, kColwise, kRowScaled, kGrouped>();
   const int unit_tiles = kAfterRowPass ? 1 : unit_tiles_arg;  // a divisor of kUnitTiles (quant_unit_tiles_for)
   // Each warp's rowwise outputs: its tile row's codes of kCodeStageTiles consecutive tiles and its scales
   // of the unit's tiles (a stage row holds kUnitTiles tiles' scales; a narrower unit uses part of it).
@@ -864,12 +867,12 @@ int launch_quantize_kernel(const void* x, int64_t x_row_stride, int64_t rows, in
   constexpr int64_t kTileRows = QuantLane<InT>::kTileRows;
   const int64_t slots = static_cast<int64_t>(sms) * std::max(per_sm, 1), tiles_k = quant_tiles_k(cols);
   const int64_t tile_rows = (rows + kTileRows - 1) / kTileRows;
-  const int unit_tiles = quant_after_row_pass<kRowwise, kColwise, kRowScaled>()
+  const int unit_tiles = quant_after_row_pass<kRowwise, kColwise, kRowScaled, kGrouped>()
                              ? 1
                              : quant_unit_tiles_for(tile_rows, tiles_k, slots, kStochastic);
   const int64_t units = (tile_rows + kQuantWarps - 1) / kQuantWarps * ((tiles_k + unit_tiles - 1) / unit_tiles);
   int64_t grid = std::min<int64_t>(units, slots);
-  if constexpr (quant_after_row_pass<kRowwise, kColwise, kRowScaled>()) {
+  if constexpr (quant_after_row_pass<kRowwise, kColwise, kRowScaled, kGrouped>()) {
     // a multiple of the tile columns, so that each CTA's tiles (dealt in turn) share one tile column and its
     // columns' global scales are made once: a grid of every slot measured 1.6-1.8 us slower on the row-scaled
     // call on the H200, and still slower with those scales made free (bench/RESULTS.md, a32b33d, 2026-11-30)
