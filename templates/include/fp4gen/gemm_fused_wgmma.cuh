@@ -137,8 +137,8 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t
 // kDequantRowsPerIter rows' codes and scales before it decodes any (bytes in flight to cover DRAM latency), and
 // the grid (rows, chunks, groups) needs no division by an index. On the H200 this took the stacked weights' copy
 // of Qwen3-30B-A3B's FC1 experts from 443 to 290 us against the first version, a thread a block over a flat index
-// with two 64-bit divisions and two 16-byte stores 32 bytes apart (2.3-2.5 TB/s); that version on this grid, still
-// two stores a thread, was slower yet (bench/RESULTS.md, 2026-12-03).
+// with two 64-bit divisions and two 16-byte stores 32 bytes apart (2.3-2.5 TB/s); this grid with a thread a block
+// (two stores a thread) was slower still (bench/RESULTS.md, 2026-12-03).
 constexpr int kDequantRowsPerIter = 4, kDequantThreads = 256;
 
 template <bool kStacked>
