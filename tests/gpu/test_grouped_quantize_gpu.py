@@ -124,6 +124,27 @@ def test_stacked_weights_over_several_tiles(dtype, option, scaling):
         assert_same_as_reference(w, None, scaling=scaling, **OPTIONS[option])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_stacked_weights_in_dealt_units_equal_each_dense_slice(dtype):
+    """Two experts of three or more waves of units for their share of the GPU's CTAs, which the stacked kernel deals
+    in turn (quant_units_dealt): each group equals the dense quantization of its slice, byte for byte."""
+    experts, cols = 2, 4112
+    slots = torch.cuda.get_device_properties(0).multi_processor_count * 4 // experts
+    band_rows = 4 * (64 if dtype.itemsize == 2 else 32)
+    rows = -(-3 * slots // -(-cols // 512)) * band_rows
+    torch.manual_seed(5)
+    w = (torch.randn(experts, rows, cols, device="cuda") * torch.tensor([0.5, 3.0], device="cuda").view(-1, 1, 1))
+    w = w.to(dtype)
+    got = fp4gen.quantize_grouped(w, None, scaling="tensor", block=(16, 16))
+    for e in range(experts):
+        want = fp4gen.quantize(w[e], scaling="tensor", block=(16, 16))
+        for copy in ("rowwise", "columnwise"):
+            a, b = getattr(got, copy), getattr(want, copy)
+            assert torch.equal(a.data[e], b.data), (e, copy)
+            assert torch.equal(a.scale[e].view(torch.uint8), b.scale.view(torch.uint8)), (e, copy)
+            assert torch.equal(a.amax[e : e + 1], b.amax.reshape(1)), (e, copy)
+
+
 def test_nan_in_a_stacked_weight_stays_in_its_group():
     w = torch.randn(4, 64, 128, device="cuda", dtype=torch.bfloat16)
     w[2, 5, 9] = float("nan")

@@ -98,6 +98,27 @@ def test_units_of_every_width_equal_reference(dtype, rows, cols):
             assert_same(x, scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise)
 
 
+def rows_for_dealt_units(dtype, cols: int, ctas_per_sm: int = 4) -> int:
+    """Rows (a multiple of 16, with a part tile row left over) that give the both-copies quantize kernel at least
+    three of its 8-tile units per CTA on this GPU, where its CTAs take units dealt in turn instead of runs
+    (quant_units_dealt in templates/include/fp4gen/quantize.cuh; 4 CTAs a multiprocessor)."""
+    band_rows = 4 * (64 if dtype.itemsize == 2 else 32)  # 4 warps, one tile row each
+    units_k = -(-cols // 512)  # 8-tile units of 64 columns
+    slots = torch.cuda.get_device_properties(0).multi_processor_count * ctas_per_sm
+    return -(-3 * slots // units_k) * band_rows + 16
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("block", [(1, 16), (16, 16)])
+def test_dealt_units_equal_reference(dtype, block):
+    # tensors of three or more waves of units: the CTAs of the both-copies kernel take units dealt in turn
+    cols = 4112
+    rows = rows_for_dealt_units(dtype, cols)
+    torch.manual_seed(rows)
+    x = (torch.randn(rows, cols, device="cuda") * 3).to(dtype)
+    assert_same(x, scaling="tensor", block=block, rowwise=True, columnwise=True)
+
+
 @pytest.mark.parametrize("rows,cols", [(2064, 8208), (7936, 8208), (26640, 8208)])
 def test_stochastic_units_of_both_widths_equal_reference(rows, cols):
     # The stochastic kernels take 2-tile units unless the units fill one wave of CTAs (90% or more) or 8-tile

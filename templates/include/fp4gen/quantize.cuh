@@ -86,6 +86,20 @@ __host__ __device__ constexpr int quant_unit_tiles_for(int64_t tile_rows, int64_
   const bool one_full_wave = units(unit_tiles) <= slots && 10 * units(unit_tiles) >= 9 * slots;
   return one_full_wave || units(kUnitTiles) >= 3 * slots ? unit_tiles : kCodeStageTiles;
 }
+// Whether the CTAs' units are dealt in turn (CTA c takes units c, c + ctas, ...) instead of one run of consecutive
+// units each: for the kernels with both copies rounded to nearest (quant_may_deal_units), where a matrix has at least 32
+// CTAs and at least three units a CTA. Dealt, the CTAs work on neighbouring units at any moment, so the columnwise
+// copy's 128-byte column lines go out together for neighbouring rows of that copy; in runs, they go out spread over
+// the whole copy, whose rows are as long as x has rows. On the H200 (bench/RESULTS.md, 2026-12-03), bf16 graph us,
+// runs -> dealt: per tensor both 229376 x 4096 1860 -> 1580, 196608 x 2048 793 -> 662, 16384 x 28672 839 -> 803,
+// stacked 8 x 28672 x 4096 16x16 1840 -> 1614; up to two waves of units within 1.5% either way; stacked weights of
+// 128 experts (4 CTAs an expert) 0.4-2.3% slower, and the rowwise-only and columnwise-only kernels (stochastic
+// rounding) and grouped tokens no faster, so those keep runs.
+template <bool kRowwise, bool kColwise, bool kStochastic, bool kGrouped>
+constexpr bool quant_may_deal_units() {
+  return kRowwise && kColwise && !kStochastic && !kGrouped;
+}
+__host__ __device__ constexpr bool quant_units_dealt(int64_t units, int64_t ctas) { return ctas >= 32 && units >= 3 * ctas; }
 constexpr int kCodeStageBytes = kCodeStageTiles * kQuantTileCols / 2, kScaleStageBytes = kUnitTiles * kQuantTileCols / 16;
 // A lane holds its patch in 64 registers; at most 128 per thread gives 4 CTAs, 16 warps, per SM.
 constexpr int kQuantMinCtasPerSm = 4;
@@ -300,7 +314,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
                     const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                     uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale, uint8_t* __restrict__ col_data,
                     uint8_t* __restrict__ col_scale, const int64_t* __restrict__ rng_state, int unit_tiles_arg,
-                    const QuantTokenGroups token_groups) {
+                    bool units_dealt_arg, const QuantTokenGroups token_groups) {
   using L = QuantLane<InT>;
   static_assert(!kGrouped || (kRowScaled && !k2D && kGroupPadRows % L::kTileRows == 0),
                 "grouped tokens: per-tile amaxes through row scaling, 1x16 blocks, tile rows within a group");
@@ -331,6 +345,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // bench/RESULTS.md, b43f5ad, 2026-11-30.)
   constexpr bool kAfterRowPass = quant_after_row_pass<kRowwise, kColwise, kRowScaled, kGrouped>();
   const int unit_tiles = kAfterRowPass ? 1 : unit_tiles_arg;  // a divisor of kUnitTiles (quant_unit_tiles_for)
+  constexpr bool kMayDeal = quant_may_deal_units<kRowwise, kColwise, kStochastic, kGrouped>();
+  const bool units_dealt = kAfterRowPass || (kMayDeal && units_dealt_arg);  // else runs (quant_units_dealt)
   // Each warp's rowwise outputs: its tile row's codes of kCodeStageTiles consecutive tiles and its scales
   // of the unit's tiles (a stage row holds kUnitTiles tiles' scales; a narrower unit uses part of it).
   __shared__ __align__(16) uint8_t row_code_stage[kRowwise ? kQuantWarps : 1][L::kTileRows][kCodeStageBytes];
@@ -369,9 +385,10 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   const int n_units = (tiles_m + kQuantWarps - 1) / kQuantWarps * units_k;
   const int ctas = gridDim.x, cta = blockIdx.x;
   const int per_cta = n_units / ctas, extra = n_units % ctas;
-  const int first_unit = kAfterRowPass ? cta : cta * per_cta + min(cta, extra);
-  const int end_unit = kAfterRowPass ? n_units : first_unit + per_cta + (cta < extra ? 1 : 0);
-  const int unit_step = kAfterRowPass ? ctas : 1;
+  const int first_unit = units_dealt ? cta : cta * per_cta + min(cta, extra);
+  const int end_unit = units_dealt ? n_units : first_unit + per_cta + (cta < extra ? 1 : 0);
+  // (read from the launch's constants where used: a register held for it made ptxas spill in the per-tensor kernel)
+  auto unit_step = [&]() { return kAfterRowPass || (kMayDeal && units_dealt_arg) ? static_cast<int>(gridDim.x) : 1; };
   const int64_t row_data_pitch = cols / 2, row_scale_pitch = cols / 16;
   const int64_t col_data_pitch = rows / 2, col_scale_pitch = rows / 16;
 
@@ -551,7 +568,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   while (unit < end_unit) {
     const int64_t m0 = int64_t{tm} * L::kTileRows, k0 = int64_t{tk} * kQuantTileCols;
     const bool unit_ends = tk + 1 == unit_end_tk(unit);
-    const int next_unit = unit_ends ? unit + unit_step : unit;
+    const int next_unit = unit_ends ? unit + unit_step() : unit;
     const int next_tm = unit_ends ? unit_tm(next_unit) : tm, next_tk = unit_ends ? unit_first_tk(next_unit) : tk + 1;
     const bool has_next = next_unit < end_unit;
     // the next tile's tokens (grouped: each tile loads its group's amaxes and publishes its global scales)
@@ -885,9 +902,11 @@ int launch_quantize_kernel(const void* x, int64_t x_row_stride, int64_t rows, in
     // call on the H200, and still slower with those scales made free (bench/RESULTS.md, a32b33d, 2026-11-30)
     if (grid >= tiles_k) grid = grid / tiles_k * tiles_k;
   }
+  const bool dealt = quant_may_deal_units<kRowwise, kColwise, kStochastic, kGrouped>() && quant_units_dealt(units, grid);
   return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
                                        static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
-                                       row_data, row_scale, col_data, col_scale, rng_state, unit_tiles, token_groups);
+                                       row_data, row_scale, col_data, col_scale, rng_state, unit_tiles, dealt,
+                                       token_groups);
 }
 
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHadamard, bool kStochastic,

@@ -642,7 +642,8 @@ void launch_encode(const GroupedQuantizeArgs& a, dim3 grid, cudaStream_t stream,
 }
 
 // Stacked weights in the plain quantize kernel: one grid row a group (quantize_kernel's matrices), the CTAs of a
-// full grid shared out between the groups; the programmatic dependent of stacked_amax_kernel.
+// full grid shared out between the groups, each group's units dealt to its CTAs where quant_units_dealt says so;
+// the programmatic dependent of stacked_amax_kernel.
 template <class InT, bool kHardwareCvt, bool k2D>
 int launch_stacked_plain(const GroupedQuantizeArgs& a, int64_t group_rows, cudaStream_t stream) {
   constexpr auto kernel = quantize_kernel<InT, true, true, false, k2D, kHardwareCvt, false, false>;
@@ -657,7 +658,7 @@ int launch_stacked_plain(const GroupedQuantizeArgs& a, int64_t group_rows, cudaS
                                        group_rows, a.cols, static_cast<const float*>(a.row_amax),
                                        static_cast<const float*>(a.col_amax), a.row_data, a.row_scale, a.col_data,
                                        a.col_scale, static_cast<const int64_t*>(nullptr), kUnitTiles,
-                                       QuantTokenGroups{});
+                                       quant_units_dealt(units, ctas), QuantTokenGroups{});
 }
 
 // Tokens in the plain quantize kernel (quantize.cuh's grouped tokens), where the options allow it: round to nearest
