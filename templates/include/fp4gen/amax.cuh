@@ -116,8 +116,7 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restric
     if constexpr (kPerWord == 2) row_max = max(row_max, word_element<InT>(packed_row_max, 1));
     thread_max = max(thread_max, row_max);
     if (row_amax != nullptr) {
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) row_max = max(row_max, __shfl_xor_sync(0xFFFFFFFFu, row_max, offset));
+      row_max = warp_max_bits(row_max);
       if (lane == 0 && row0 + r < rows)
         atomicMax(reinterpret_cast<unsigned int*>(row_amax + row0 + r), E::abs_bits_as_float_bits(row_max));
     }
@@ -127,8 +126,7 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restric
     for (int i = 0; i < kVec; ++i) col_partial[warp][lane * kVec + i] = word_element<InT>(col_max[i / kPerWord], i % kPerWord);
   }
   if (tensor_amax != nullptr) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) thread_max = max(thread_max, __shfl_xor_sync(0xFFFFFFFFu, thread_max, offset));
+    thread_max = warp_max_bits(thread_max);
     if (lane == 0) warp_max[warp] = thread_max;
   }
   if constexpr (kColumnSums) {  // the lane's columns over the warp's rows, in row order (zeros outside x)

@@ -29,8 +29,7 @@ __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v
 
 // The NaN-propagating maximum over the CTA of each thread's `bits`, by thread 0 (shuffles, then warp maxima).
 __device__ __forceinline__ uint32_t cta_max_bits(uint32_t bits, uint32_t* warp_max) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+  bits = warp_max_bits(bits);
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
   __syncthreads();
   uint32_t m = 0;
@@ -132,7 +131,7 @@ __global__ void __launch_bounds__(kTensorAmaxThreads)
     take_patch_maxima<InT>(patch, raw_bits, transformed_bits);
   }
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
+  for (int offset = 16; offset > 0; offset /= 2) {  // both maxima side by side (warp_max_bits twice compiles otherwise)
     raw_bits = max(raw_bits, __shfl_xor_sync(0xFFFFFFFFu, raw_bits, offset));
     transformed_bits = max(transformed_bits, __shfl_xor_sync(0xFFFFFFFFu, transformed_bits, offset));
   }
@@ -190,7 +189,7 @@ __global__ void __launch_bounds__(kTensorAmaxThreads, 2)
 #pragma unroll
   for (int e = 0; e < kVec; ++e) col_sum_stage[warp][lane * kVec + e] = sum[e];
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
+  for (int offset = 16; offset > 0; offset /= 2) {  // both maxima side by side (warp_max_bits twice compiles otherwise)
     raw_bits = max(raw_bits, __shfl_xor_sync(0xFFFFFFFFu, raw_bits, offset));
     transformed_bits = max(transformed_bits, __shfl_xor_sync(0xFFFFFFFFu, transformed_bits, offset));
   }

@@ -51,6 +51,14 @@ struct Element<float> {
   static __device__ __forceinline__ uint32_t abs_bits_as_float_bits(uint32_t abs_bits) { return abs_bits; }
 };
 
+// The maximum of `bits` over the warp's 32 lanes, in every lane (unsigned: on |x| bit patterns NaN > Inf >
+// every finite value, so the maximum propagates NaN).
+__device__ __forceinline__ uint32_t warp_max_bits(uint32_t bits) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+  return bits;
+}
+
 // The NaN-propagating max of two words of |x| values (sign bits clear), packed as the input: two 16-bit
 // elements per word (one packed bf16x2/f16x2 max with .NaN, so NaN wins) or one fp32 (an integer max of the
 // bit patterns, where NaN > Inf > every finite value).

@@ -310,12 +310,6 @@ __device__ __forceinline__ int token_amax_row(int lane) {
   return ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 + ((lane >> 1) & 1);
 }
 
-__device__ __forceinline__ uint32_t warp_max_bits(uint32_t bits) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
-  return bits;
-}
-
 template <class InT, bool kHadamard, bool kVectorAmax>
 __global__ void __launch_bounds__(kTokenAmaxThreads, kTokenAmaxMinCtasPerSm)
     grouped_token_amax_kernel(const GroupedQuantizeArgs a, int64_t strips, int64_t blocks_per_run) {
@@ -549,8 +543,7 @@ __global__ void __launch_bounds__(kStackedAmaxThreads)
 #pragma unroll
     for (int e = 0; e < kVec; ++e) bits = max(bits, float_abs_bits(Element<InT>::word_element_to_float(&v.x, e)));
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+  bits = warp_max_bits(bits);
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = bits;
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -197,8 +197,7 @@ __global__ void __launch_bounds__(32 * kWarps, kRowPassWarpsPerSM / kWarps)
     for (int p = 0; p < kPanelRows; ++p) {
       uint32_t m = word_element<InT>(row_max[p], 0);
       if constexpr (kPerWord == 2) m = max(m, word_element<InT>(row_max[p], 1));
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, offset));
+      m = warp_max_bits(m);
       if (lane == 0) warp_row_max[warp][p] = m;
     }
     __syncthreads();
