@@ -86,20 +86,23 @@ __host__ __device__ constexpr int quant_unit_tiles_for(int64_t tile_rows, int64_
   const bool one_full_wave = units(unit_tiles) <= slots && 10 * units(unit_tiles) >= 9 * slots;
   return one_full_wave || units(kUnitTiles) >= 3 * slots ? unit_tiles : kCodeStageTiles;
 }
-// Whether the CTAs' units are dealt in turn (CTA c takes units c, c + ctas, ...) instead of one run of consecutive
-// units each: for the kernels with both copies rounded to nearest (quant_may_deal_units), where a matrix has at least 32
-// CTAs and at least three units a CTA. Dealt, the CTAs work on neighbouring units at any moment, so the columnwise
-// copy's 128-byte column lines go out together for neighbouring rows of that copy; in runs, they go out spread over
-// the whole copy, whose rows are as long as x has rows. On the H200 (bench/RESULTS.md, 2026-12-03), bf16 graph us,
-// runs -> dealt: per tensor both 229376 x 4096 1860 -> 1580, 196608 x 2048 793 -> 662, 16384 x 28672 839 -> 803,
-// stacked 8 x 28672 x 4096 16x16 1840 -> 1614; up to two waves of units within 1.5% either way; stacked weights of
-// 128 experts (4 CTAs an expert) 0.4-2.3% slower, and the rowwise-only and columnwise-only kernels (stochastic
-// rounding) and grouped tokens no faster, so those keep runs.
+// Whether the CTAs' units are dealt in turn (CTA c takes units c, c + ctas, ...) instead of one run of
+// consecutive units each: for the kernels with both copies rounded to nearest (quant_may_deal_units), where a
+// matrix has at least 32 CTAs and at least three units a CTA. Dealt, the CTAs work on neighbouring units at any
+// moment, so the columnwise copy's 128-byte column lines go out together for neighbouring rows of that copy; in
+// runs, they go out spread over the whole copy, whose rows are as long as x has rows. On the H200
+// (bench/RESULTS.md, 2026-12-03), bf16 graph us, runs -> dealt: per tensor both 229376 x 4096 1860 -> 1580,
+// 196608 x 2048 793 -> 662, 16384 x 28672 839 -> 803, stacked 8 x 28672 x 4096 16x16 1840 -> 1614; up to two
+// waves of units within 1.5% either way; stacked weights of 128 experts (4 CTAs an expert) 0.4-2.3% slower, and
+// the rowwise-only and columnwise-only kernels (stochastic rounding) and grouped tokens no faster, so those keep
+// runs.
 template <bool kRowwise, bool kColwise, bool kStochastic, bool kGrouped>
 constexpr bool quant_may_deal_units() {
   return kRowwise && kColwise && !kStochastic && !kGrouped;
 }
-__host__ __device__ constexpr bool quant_units_dealt(int64_t units, int64_t ctas) { return ctas >= 32 && units >= 3 * ctas; }
+__host__ __device__ constexpr bool quant_units_dealt(int64_t units, int64_t ctas) {
+  return ctas >= 32 && units >= 3 * ctas;
+}
 constexpr int kCodeStageBytes = kCodeStageTiles * kQuantTileCols / 2, kScaleStageBytes = kUnitTiles * kQuantTileCols / 16;
 // A lane holds its patch in 64 registers; at most 128 per thread gives 4 CTAs, 16 warps, per SM.
 constexpr int kQuantMinCtasPerSm = 4;
@@ -378,9 +381,9 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // Grouped tokens' rowwise copy: only the padded rows that groups use (the last padded end, on the device; the
   // launch covers the capacity, about 12% more at 128 uniform groups), shared out between the CTAs. Tiles past
   // them have no tokens and write nothing. (The columnwise copy writes zeros there, so it takes every row.)
-  const int64_t used_rows = kGrouped && !kColwise && token_groups.groups > 0
-                                ? std::min<int64_t>(std::max<int64_t>(token_groups.padded_ends[token_groups.groups - 1], 0), rows)
-                                : rows;
+  int64_t used_rows = rows;
+  if (kGrouped && !kColwise && token_groups.groups > 0)
+    used_rows = std::min<int64_t>(std::max<int64_t>(token_groups.padded_ends[token_groups.groups - 1], 0), rows);
   const int tiles_m = static_cast<int>((used_rows + L::kTileRows - 1) / L::kTileRows);
   const int n_units = (tiles_m + kQuantWarps - 1) / kQuantWarps * units_k;
   const int ctas = gridDim.x, cta = blockIdx.x;
@@ -902,7 +905,8 @@ int launch_quantize_kernel(const void* x, int64_t x_row_stride, int64_t rows, in
     // call on the H200, and still slower with those scales made free (bench/RESULTS.md, a32b33d, 2026-11-30)
     if (grid >= tiles_k) grid = grid / tiles_k * tiles_k;
   }
-  const bool dealt = quant_may_deal_units<kRowwise, kColwise, kStochastic, kGrouped>() && quant_units_dealt(units, grid);
+  const bool dealt =
+      quant_may_deal_units<kRowwise, kColwise, kStochastic, kGrouped>() && quant_units_dealt(units, grid);
   return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
                                        static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
                                        row_data, row_scale, col_data, col_scale, rng_state, unit_tiles, dealt,
