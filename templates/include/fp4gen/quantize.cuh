@@ -87,18 +87,19 @@ __host__ __device__ constexpr int quant_unit_tiles_for(int64_t tile_rows, int64_
   return one_full_wave || units(kUnitTiles) >= 3 * slots ? unit_tiles : kCodeStageTiles;
 }
 // Whether the CTAs' units are dealt in turn (CTA c takes units c, c + ctas, ...) instead of one run of
-// consecutive units each: for the kernels with both copies rounded to nearest (quant_may_deal_units), where a
-// matrix has at least 32 CTAs and at least three units a CTA. Dealt, the CTAs work on neighbouring units at any
-// moment, so the columnwise copy's 128-byte column lines go out together for neighbouring rows of that copy; in
-// runs, they go out spread over the whole copy, whose rows are as long as x has rows. On the H200
-// (bench/RESULTS.md, 2026-12-03), bf16 graph us, runs -> dealt: per tensor both 229376 x 4096 1860 -> 1580,
-// 196608 x 2048 793 -> 662, 16384 x 28672 839 -> 803, stacked 8 x 28672 x 4096 16x16 1840 -> 1614; up to two
-// waves of units within 1.5% either way; stacked weights of 128 experts (4 CTAs an expert) 0.4-2.3% slower, and
-// the rowwise-only and columnwise-only kernels (stochastic rounding) and grouped tokens no faster, so those keep
-// runs.
-template <bool kRowwise, bool kColwise, bool kStochastic, bool kGrouped>
+// consecutive units each: for the kernels with both copies, tensor scaling and rounding to nearest
+// (quant_may_deal_units), where a matrix has at least 32 CTAs and at least three units a CTA. Dealt, the CTAs work
+// on neighbouring units at any moment, so the columnwise copy's 128-byte column lines go out together for
+// neighbouring rows of that copy; in runs, they go out spread over the whole copy, whose rows are as long as x has
+// rows. On the H200 (bench/RESULTS.md, 2026-12-03), bf16 graph us, runs -> dealt: per tensor both 229376 x 4096
+// 1860 -> 1580, 196608 x 2048 793 -> 662, 16384 x 28672 839 -> 803, stacked 8 x 28672 x 4096 16x16 1840 -> 1614;
+// up to two waves of units within 1.5% either way; stacked weights of 128 experts (4 CTAs an expert) 0.4-2.3%
+// slower, and the rowwise-only and columnwise-only kernels (stochastic rounding) and grouped tokens no faster, so
+// those keep runs. (Row scaling with both copies takes the row pass wherever its rows fit, so its both-copies
+// kernel, which wider rows take, was not measured dealt and keeps runs.)
+template <bool kRowwise, bool kColwise, bool kRowScaled, bool kStochastic>
 constexpr bool quant_may_deal_units() {
-  return kRowwise && kColwise && !kStochastic && !kGrouped;
+  return kRowwise && kColwise && !kRowScaled && !kStochastic;
 }
 __host__ __device__ constexpr bool quant_units_dealt(int64_t units, int64_t ctas) {
   return ctas >= 32 && units >= 3 * ctas;
@@ -348,7 +349,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // bench/RESULTS.md, b43f5ad, 2026-11-30.)
   constexpr bool kAfterRowPass = quant_after_row_pass<kRowwise, kColwise, kRowScaled, kGrouped>();
   const int unit_tiles = kAfterRowPass ? 1 : unit_tiles_arg;  // a divisor of kUnitTiles (quant_unit_tiles_for)
-  constexpr bool kMayDeal = quant_may_deal_units<kRowwise, kColwise, kStochastic, kGrouped>();
+  constexpr bool kMayDeal = quant_may_deal_units<kRowwise, kColwise, kRowScaled, kStochastic>();
   const bool units_dealt = kAfterRowPass || (kMayDeal && units_dealt_arg);  // else runs (quant_units_dealt)
   // Each warp's rowwise outputs: its tile row's codes of kCodeStageTiles consecutive tiles and its scales
   // of the unit's tiles (a stage row holds kUnitTiles tiles' scales; a narrower unit uses part of it).
@@ -906,7 +907,7 @@ int launch_quantize_kernel(const void* x, int64_t x_row_stride, int64_t rows, in
     if (grid >= tiles_k) grid = grid / tiles_k * tiles_k;
   }
   const bool dealt =
-      quant_may_deal_units<kRowwise, kColwise, kStochastic, kGrouped>() && quant_units_dealt(units, grid);
+      quant_may_deal_units<kRowwise, kColwise, kRowScaled, kStochastic>() && quant_units_dealt(units, grid);
   return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
                                        static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
                                        row_data, row_scale, col_data, col_scale, rng_state, unit_tiles, dealt,
