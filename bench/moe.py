@@ -12,7 +12,7 @@ never synchronize, so the graph holds the whole step; the weight is quantized in
 every optimizer step), "ratio" = fp4gen time / grouped_mm time.
 
 `python moe.py --parts` times each operation of the fp4gen step instead (uniform routing): the three
-quantizations and the three grouped GEMMs, beside grouped_mm's forward GEMM and the dense fp4gen.quantize of
+quantizations and the three grouped GEMMs, beside grouped_mm's three GEMMs and the dense fp4gen.quantize of
 the same tokens.
 
 `python moe.py --families` times each grouped GEMM on both Hopper grouped GEMM families (the dispatcher's
@@ -76,6 +76,8 @@ def parts():
             "dgrad grouped_gemm": (lambda: fp4gen.grouped_gemm(gdy.rowwise, gw.columnwise, ends), 1),
             "wgrad grouped_gemm (bf16 out)": (lambda: fp4gen.grouped_gemm(gdy.columnwise, gx.columnwise, ends), 1),
             "bf16 grouped_mm forward": (lambda: mm(x, w.transpose(-2, -1), offs=ends.to(torch.int32)), 1),
+            "bf16 grouped_mm dgrad": (lambda: mm(dy, w, offs=ends.to(torch.int32)), 1),
+            "bf16 grouped_mm wgrad": (lambda: mm(dy.t(), x, offs=ends.to(torch.int32)), 1),
         }
         for label, (fn, is_gemm) in steps.items():
             ms = graph_median_ms(fn)
