@@ -176,26 +176,18 @@ struct PackedTileLoader {
   }
 };
 
-// One 16-element block (its 8 bytes of codes and its scale byte) as two 16-byte chunks of fp16 values, each
-// times 2^-14, the elements within a chunk in decode8's order.
-__device__ __forceinline__ void dequantize_block(uint2 packed, uint32_t scale_byte, uint4& first, uint4& second) {
-  const __half2 scale = e4m3_to_half2(scale_byte);
-  uint32_t lo[4], hi[4];
-  decode8(packed.x, lo);
-  decode8(packed.y, hi);
-  first.x = scale_pair(lo[0], scale), first.y = scale_pair(lo[1], scale);
-  first.z = scale_pair(lo[2], scale), first.w = scale_pair(lo[3], scale);
-  second.x = scale_pair(hi[0], scale), second.y = scale_pair(hi[1], scale);
-  second.z = scale_pair(hi[2], scale), second.w = scale_pair(hi[3], scale);
-}
-
-// One half of a block: its chunk of eight values from four code bytes (the block's first or second uint32 of
-// codes), as dequantize_block makes that chunk.
+// Half of a 16-element block: the chunk of eight fp16 values, each times 2^-14, from four code bytes (the block's
+// first or second uint32 of codes) and the block's scale byte, the elements in decode8's order.
 __device__ __forceinline__ uint4 dequantize_half_block(uint32_t codes, uint32_t scale_byte) {
   const __half2 scale = e4m3_to_half2(scale_byte);
   uint32_t v[4];
   decode8(codes, v);
   return make_uint4(scale_pair(v[0], scale), scale_pair(v[1], scale), scale_pair(v[2], scale), scale_pair(v[3], scale));
+}
+
+// One 16-element block (its 8 bytes of codes and its scale byte) as its two 16-byte chunks.
+__device__ __forceinline__ void dequantize_block(uint2 packed, uint32_t scale_byte, uint4& first, uint4& second) {
+  first = dequantize_half_block(packed.x, scale_byte), second = dequantize_half_block(packed.y, scale_byte);
 }
 
 // Every staged 16-element block once into the fp16 tile [kRows][128 bytes] (half_tile_offset's swizzle):

@@ -376,8 +376,9 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   const int tiles_k = static_cast<int>(quant_tiles_k(cols));
   const int units_k = (tiles_k + unit_tiles - 1) / unit_tiles;
 
-  // The kernel that writes the amaxes may still be running (quantize_run launches this grid as its programmatic
-  // dependent, so that this grid's launch and set-up overlap its last wave): wait for it and its amaxes here.
+  // The kernel that writes the amaxes may still be running (launch_quantize_kernel launches this grid as its
+  // programmatic dependent, so that this grid's launch and set-up overlap its last wave): wait for it and its
+  // amaxes here.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   // Grouped tokens' rowwise copy: only the padded rows that groups use (the last padded end, on the device; the
   // launch covers the capacity, about 12% more at 128 uniform groups), shared out between the CTAs. Tiles past
