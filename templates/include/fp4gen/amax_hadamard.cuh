@@ -101,7 +101,7 @@ __device__ __forceinline__ void take_patch_maxima(uint4 (&patch)[16], uint32_t& 
   uint32_t m = 0u;  // NaN-propagating |x| maximum, packed like the input
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    m = word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(m, patch[i].x), patch[i].y), patch[i].z), patch[i].w);
+    m = vector_abs_max<InT>(m, patch[i]);
     if constexpr (kColumnSums) {
 #pragma unroll
       for (int e = 0; e < E::kPerVector; ++e) sum[e] += E::word_element_to_float(&patch[i].x, e);

@@ -81,6 +81,12 @@ __device__ __forceinline__ uint32_t word_abs_max(uint32_t acc, uint32_t word) {
   return abs_word_max<InT>(acc, word & kWordAbsMask);
 }
 
+// word_abs_max over the four words of a 16-byte vector.
+template <class InT>
+__device__ __forceinline__ uint32_t vector_abs_max(uint32_t acc, const uint4& v) {
+  return word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(acc, v.x), v.y), v.z), v.w);
+}
+
 // The |x| bits of element i (0 or 1) of an accumulator word.
 template <class InT>
 __device__ __forceinline__ uint32_t word_element(uint32_t word, int i) {

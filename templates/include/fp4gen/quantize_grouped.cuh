@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(kTokenAmaxThreads, kTokenAmaxMinCtasPerSm)
         uint32_t row_max[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
-          const uint32_t m = word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(0u, patch[i].x), patch[i].y), patch[i].z), patch[i].w);
+          const uint32_t m = vector_abs_max<InT>(0u, patch[i]);
           row_max[i] = E::abs_bits_as_float_bits(word_element<InT>(m, 0));
           if constexpr (sizeof(InT) == 2) row_max[i] = max(row_max[i], E::abs_bits_as_float_bits(word_element<InT>(m, 1)));
         }
@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(kTokenAmaxThreads, kTokenAmaxMinCtasPerSm)
       uint32_t m = 0u;  // packed like the input
 #pragma unroll
       for (int i = 0; i < 16; ++i)
-        m = word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(word_abs_max<InT>(m, patch[i].x), patch[i].y), patch[i].z), patch[i].w);
+        m = vector_abs_max<InT>(m, patch[i]);
       uint32_t bits = E::abs_bits_as_float_bits(word_element<InT>(m, 0));
       if constexpr (sizeof(InT) == 2) bits = max(bits, E::abs_bits_as_float_bits(word_element<InT>(m, 1)));
       row_bits = max(row_bits, bits);
