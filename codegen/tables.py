@@ -100,7 +100,7 @@ WGMMA_FUSED_GEMM_TILES = GemmTiles((64, 128), 64, 256, (64,), ("128x256x64", "12
 # M rows of A (wgmma N: whole eight-row groups), N = 64 or 128 rows of B (a warp group per 64); two CTAs share
 # a multiprocessor (the kernels' launch bound; gemm_packed_rs.cuh checks their shared memory). packed_rs: the
 # rule ranks them first for small M (select._rank); reads_packed_operands as above.
-PACKED_RS_TILES = GemmTiles((32, 64, 128), 64, 128, (64,), ("128x128x64", "64x128x64", "32x128x64"),
+PACKED_RS_TILES = GemmTiles((16, 32, 64, 128), 64, 128, (64,), ("128x128x64", "64x128x64", "16x128x64"),
                             facts={"reads_packed_operands": True, "packed_rs": True,
                                    "split_ctas_per_multiprocessor": 2})
 

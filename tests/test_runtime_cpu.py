@@ -280,9 +280,11 @@ def test_built_hadamard_row_pass_library_checks_problems(name):
 def test_gemm_tile_choice_follows_m():
     def chosen(rows, cols=256):
         return select(_problem(op="gemm", rows=rows, cols=cols, pointers={}), MANIFEST)
-    # up to M = 256 the kernels that decode B into wgmma's registers: the smallest tile of at least 64 rows
-    # that covers M (the tallest when none does), the widest
-    assert chosen(1).endswith("packedrs_bf16out_t64x128x64_sm90a")
+    # up to M = 256 the kernels that decode B into wgmma's registers: the smallest tile that covers M, M
+    # counted as at least 64 above 16 (the tallest when none covers), the widest
+    assert chosen(1).endswith("packedrs_bf16out_t16x128x64_sm90a")
+    assert chosen(16).endswith("packedrs_bf16out_t16x128x64_sm90a")
+    assert chosen(17).endswith("packedrs_bf16out_t64x128x64_sm90a")
     assert chosen(64).endswith("packedrs_bf16out_t64x128x64_sm90a")
     assert chosen(65).endswith("packedrs_bf16out_t128x128x64_sm90a")
     assert chosen(128).endswith("packedrs_bf16out_t128x128x64_sm90a")

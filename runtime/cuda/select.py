@@ -48,8 +48,9 @@ PACKED_RS_MAX_ROWS = 256
 
 def _rank(kernel: dict, problem: Problem) -> tuple:
     """Smaller is better. GEMMs: first, up to M = 256, a kernel that decodes B into wgmma's register fragments
-    (gemm_packed_rs, packed_rs): the smallest tile that covers M but at least 64 rows (the tallest when none
-    does), then the widest. Then (reached only where no gemm_packed_rs kernel is declared), up to M = 256, a
+    (gemm_packed_rs, packed_rs): the smallest tile that covers M, counting M as at least 64 unless it is at
+    most 16 (tiles of 17-63 rows measured slower than 64-row ones; a 16-row tile is the fastest up to M = 16),
+    the tallest when none covers; then the widest. Then (reached only where no gemm_packed_rs kernel is declared), up to M = 256, a
     kernel that reads the packed operands with wgmma (gemm_fused_wgmma, packed_wgmma), so B's codes are read
     and dequantized once, which is what bounds small-M GEMMs: the smallest tile that covers M (the tallest
     when none does), then the narrowest.
@@ -66,7 +67,7 @@ def _rank(kernel: dict, problem: Problem) -> tuple:
     if facts.get("reads_packed_operands"):
         rows, covers = problem.rows, problem.rows <= tile_m
         if facts.get("packed_rs") and rows <= PACKED_RS_MAX_ROWS:
-            covers = max(rows, 64) <= tile_m
+            covers = (rows if rows <= 16 else max(rows, 64)) <= tile_m
             return (-1, 0 if covers else 1, tile_m if covers else -tile_m, -facts["tile_n"], kernel["name"])
         if facts.get("packed_wgmma") and rows <= PACKED_WGMMA_MAX_ROWS:
             return (0, 0 if covers else 1, tile_m if covers else -tile_m, facts["tile_n"], kernel["name"])

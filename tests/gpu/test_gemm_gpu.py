@@ -139,7 +139,8 @@ def chosen_kernel(a, b, out_dtype):
     return gemm_kernel(a, b, out_dtype)
 
 
-@pytest.mark.parametrize("m,family,tile", [(5, "gemm_packed_rs", "t64x128x64"),
+@pytest.mark.parametrize("m,family,tile", [(5, "gemm_packed_rs", "t16x128x64"),
+                                           (16, "gemm_packed_rs", "t16x128x64"),
                                            (20, "gemm_packed_rs", "t64x128x64"),
                                            (64, "gemm_packed_rs", "t64x128x64"),
                                            (100, "gemm_packed_rs", "t128x128x64"),

@@ -223,7 +223,10 @@ inline void dequantize_stacked_rows(const uint8_t* codes, const uint8_t* scales,
 template <int kRows, int kThreads>
 struct HalfTileLoader {
   static_assert(kThreads % 64 == 0, "a thread's rows keep their residue modulo 8, hence their swizzle");
-  static constexpr int kCopies = kRows * 8 / kThreads;
+  // 16-byte chunks a thread copies; with fewer chunks than threads (tiles of 16 or 24 rows) the last copy of
+  // the threads past them is skipped
+  static constexpr int kCopies = (kRows * 8 + kThreads - 1) / kThreads;
+  static constexpr bool kEveryThreadCopies = kRows * 8 % kThreads == 0;
   const uint8_t* src[kCopies];
   bool valid[kCopies];
   uint32_t dst[kCopies];
@@ -233,7 +236,7 @@ struct HalfTileLoader {
 #pragma unroll
     for (int j = 0; j < kCopies; ++j) {
       const int row = (tid + j * kThreads) >> 3, chunk = tid & 7;
-      valid[j] = r0 + row < rows;
+      valid[j] = (kEveryThreadCopies || row < kRows) && r0 + row < rows;
       src[j] = (valid[j] ? half + (r0 + row) * k * 2 : half) + static_cast<int64_t>(k_first) * kHalfRowBytes +
                chunk * 16;  // a zero-filled copy's address stays inside row 0: it is never read
       dst[j] = fused_gemm::half_tile_offset(row, chunk);
@@ -243,6 +246,7 @@ struct HalfTileLoader {
   __device__ __forceinline__ void load_next(uint8_t* slot) {
 #pragma unroll
     for (int j = 0; j < kCopies; ++j) {
+      if (!kEveryThreadCopies && static_cast<int>(threadIdx.x) + j * kThreads >= kRows * 8) break;
       cp_async_16(slot + dst[j], src[j], valid[j]);
       src[j] += kHalfRowBytes;
     }
