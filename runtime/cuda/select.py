@@ -50,10 +50,10 @@ def _rank(kernel: dict, problem: Problem) -> tuple:
     """Smaller is better. GEMMs: first, up to M = 256, a kernel that decodes B into wgmma's register fragments
     (gemm_packed_rs, packed_rs): the smallest tile that covers M, counting M as at least 64 unless it is at
     most 16 (tiles of 17-63 rows measured slower than 64-row ones; a 16-row tile is the fastest up to M = 16),
-    the tallest when none covers; then the widest. Then (reached only where no gemm_packed_rs kernel is declared), up to M = 256, a
-    kernel that reads the packed operands with wgmma (gemm_fused_wgmma, packed_wgmma), so B's codes are read
-    and dequantized once, which is what bounds small-M GEMMs: the smallest tile that covers M (the tallest
-    when none does), then the narrowest.
+    the tallest when none covers; then the widest. Then (reached only where no gemm_packed_rs kernel is
+    declared), up to M = 256, a kernel that reads the packed operands with wgmma (gemm_fused_wgmma,
+    packed_wgmma), so B's codes are read and dequantized once, which is what bounds small-M GEMMs: the
+    smallest tile that covers M (the tallest when none does), then the narrowest.
     Otherwise the wgmma tiles over bf16 scratch: the tallest no taller than M (at least the smallest tile), so
     small M gets 64-row pingpong tiles instead of half-empty 128-row ones; then the widest tile. The other
     packed-operand kernels (the mma.sync ones, gemm_fused_dequant, which measured slower than the wgmma ones
