@@ -479,16 +479,20 @@ FAMILIES = {
         axes={
             "out_dtype": _GEMM_OUT_DTYPES,
             "tile": TileTokens(tables.GEMM_TILES),
+            "schedule": {"cooperative": "coop", "pingpong": "pingpong"},
             "cluster": {"1x1": "", "2x1": "cl2x1", "1x2": "cl1x2"},  # 1x1 adds nothing to the name
             "arch": {"sm90a": "sm90a"},
         },
-        defaults=(("cluster", "1x1"),),
+        # specs written before the schedule axis declared cooperative kernels
+        defaults=(("cluster", "1x1"), ("schedule", "cooperative")),
         params=_GROUPED_GEMM_PARAMS,
         constraints={"cols_multiple_of": 64},
         # TMA stores D's rows (and loads C's): 16-byte aligned; the codes and scales as the packed kernel reads them
         alignment={"a_codes": 16, "b_codes": 16, "a_scale": 4, "b_scale": 4, "c": 16, "d": 16},
-        excluded=((lambda values, facts: facts["tile_m"] < 128,
-                   "the cooperative schedule splits the tile's M across two warp groups: tile M must be >= 128"),),
+        excluded=((lambda values, facts: values["schedule"] == "cooperative" and facts["tile_m"] < 128,
+                   "the cooperative schedule splits the tile's M across two warp groups: tile M must be >= 128"),
+                  (lambda values, facts: values["schedule"] == "pingpong" and facts["tile_m"] * facts["tile_n"] > 128 * 128,
+                   "a pingpong warp group holds the whole tile's fp32 accumulators: at most 128 x 128")),
     ),
     "gemm_grouped_sm100": Family(
         name="gemm_grouped_sm100",

@@ -343,12 +343,29 @@ def test_grouped_gemm_families_by_arch_and_rule_values():
     from fp4gen.cuda import grouped
     grouped_problem = dict(op="grouped_gemm", cols=256, pointers={})
     family = (lambda **kw: MANIFEST["kernels"][select(_problem(**grouped_problem, **kw), MANIFEST)]["family"])
-    assert family(values=grouped.TMA_TILE) == "gemm_grouped_tma"
+    for values in (grouped.TMA_COOPERATIVE, grouped.TMA_PINGPONG):
+        assert family(values=values) == "gemm_grouped_tma"
     assert family(values={"packed_tile": "128x128x64"}) == "gemm_grouped_wgmma"
     assert family(compute_capability=(10, 0), values=grouped.BLACKWELL_TILE) == "gemm_grouped_sm100"
     with pytest.raises(ValueError, match="multiple of 64, got 96"):
         select(_problem(**{**grouped_problem, "cols": 96}, compute_capability=(10, 0), values=grouped.BLACKWELL_TILE),
                MANIFEST)
+
+
+def test_grouped_tma_schedule_follows_the_groups_rows():
+    """Along M the pingpong tile below TMA_PINGPONG_BELOW_ROWS rows a group, the cooperative one from there;
+    along K always the cooperative one. Each choice names one declared kernel per output dtype."""
+    from fp4gen.cuda import grouped
+    below = grouped.TMA_PINGPONG_BELOW_ROWS
+    assert grouped.tma_variant(512, False) == grouped.tma_variant(below - 1, False) == grouped.TMA_PINGPONG
+    assert grouped.tma_variant(below, False) == grouped.tma_variant(2048, False) == grouped.TMA_COOPERATIVE
+    assert grouped.tma_variant(512, True) == grouped.tma_variant(2048, True) == grouped.TMA_COOPERATIVE
+    for values, token in ((grouped.TMA_PINGPONG, "_t128x128x64_pingpong_"),
+                          (grouped.TMA_COOPERATIVE, "_t128x256x64_coop_cl2x1_")):
+        for out_dtype in ("bfloat16", "float32"):
+            problem = _problem(op="grouped_gemm", cols=256, pointers={}, dtypes={"out_dtype": out_dtype},
+                               values=values)
+            assert token in select(problem, MANIFEST)
 
 
 _GROUPED_FAMILIES = ("gemm_grouped_wgmma", "gemm_grouped_tma", "gemm_grouped_sm100")

@@ -90,11 +90,23 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
 # copies are of tokens) 1.2-1.6x faster; along M it needs the experts' weights as fp16 (E * N * K * 2 bytes of
 # traffic and workspace), which 2048 tokens an expert repaid (Mixtral FC1 fprop 1.53x faster) and 512 about
 # broke even (Qwen3-30B-A3B FC1 1.01x, FC2 1.14x), so fewer keep the packed kernel.
+# Within gemm_grouped_tma (tma_variant): the 128x128 pingpong tile along M when the groups average fewer than
+# TMA_PINGPONG_BELOW_ROWS rows, else the 128x256 cooperative tile in pairs of CTAs. On the H200 (bench/RESULTS.md,
+# 2026-12-03) pingpong ran Qwen3-30B-A3B's fprop and dgrad (512 tokens an expert) 4-6% faster and Mixtral's
+# (2048) 2-17% slower; from 768 to 1024 tokens the two were within 5% either way. Along K (wgrad) they were
+# within a few percent either way, and the cooperative tile stays.
 # On Blackwell (compute capability 10.0) one family, gemm_grouped_sm100: CUTLASS's grouped block-scaled GEMM on
 # the packed codes. Compiled for sm_100a, never run (no Blackwell GPU was available).
-TMA_TILE = {"tile": "128x256x64", "cluster": "2x1"}
+TMA_COOPERATIVE = {"tile": "128x256x64", "schedule": "cooperative", "cluster": "2x1"}
+TMA_PINGPONG = {"tile": "128x128x64", "schedule": "pingpong", "cluster": "1x1"}
+TMA_PINGPONG_BELOW_ROWS = 1024
 BLACKWELL_TILE = {"mma_tile": "128x128x256"}
 TMA_MIN_ROWS_PER_GROUP = {"along M": 512, "along K": 0}
+
+
+def tma_variant(rows_per_group: float, along_k: bool) -> dict:
+    """The spec values of the gemm_grouped_tma kernel for the problem, by the rule above."""
+    return TMA_PINGPONG if not along_k and rows_per_group < TMA_PINGPONG_BELOW_ROWS else TMA_COOPERATIVE
 
 
 def _tma_can_store(d: torch.Tensor, n: int) -> bool:
@@ -111,8 +123,10 @@ def _grouped_gemm_kernel(device, out_dtype, k: int, pointers: dict, rows_per_gro
             raise ValueError("on Blackwell the grouped GEMM stores D's rows with TMA: out must be 16-byte aligned "
                              "with rows of a multiple of 16 bytes")
         return _kernel_for("grouped_gemm", device, {"out_dtype": out_dtype}, k, pointers, BLACKWELL_TILE)
-    if tma_ok and rows_per_group >= TMA_MIN_ROWS_PER_GROUP["along K" if along_k else "along M"]:
-        return _kernel_for("grouped_gemm", device, {"out_dtype": out_dtype}, k, pointers, TMA_TILE)
+    grouping = "along K" if along_k else "along M"
+    if tma_ok and rows_per_group >= TMA_MIN_ROWS_PER_GROUP[grouping]:
+        return _kernel_for("grouped_gemm", device, {"out_dtype": out_dtype}, k, pointers,
+                           tma_variant(rows_per_group, along_k))
     tile = "64x128x64" if rows_per_group <= 64 else "128x128x64"
     return _kernel_for("grouped_gemm", device, {"out_dtype": out_dtype}, k, pointers, {"packed_tile": tile})
 

@@ -11,13 +11,16 @@ from conftest import group_ends, run_without_host_sync
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True, params=["tma", "wgmma"])
+@pytest.fixture(autouse=True, params=["tma cooperative", "tma pingpong", "wgmma"])
 def family(request, monkeypatch):
-    """Every test runs once on each grouped GEMM family (gemm_grouped_tma, gemm_grouped_wgmma), whatever the
-    dispatcher's rule would take for its shapes."""
+    """Every test runs once on each grouped GEMM family (gemm_grouped_tma in each of its schedules,
+    gemm_grouped_wgmma), whatever the dispatcher's rule would take for its shapes."""
     from fp4gen.cuda import grouped
-    threshold = 0 if request.param == "tma" else float("inf")
+    threshold = float("inf") if request.param == "wgmma" else 0
     monkeypatch.setattr(grouped, "TMA_MIN_ROWS_PER_GROUP", {"along M": threshold, "along K": threshold})
+    if request.param != "wgmma":
+        values = grouped.TMA_PINGPONG if request.param == "tma pingpong" else grouped.TMA_COOPERATIVE
+        monkeypatch.setattr(grouped, "tma_variant", lambda rows_per_group, along_k: values)
     return request.param
 
 ROUTINGS = {

@@ -119,12 +119,20 @@ struct ArrayCarver {
   }
 };
 
+// rows_per_group: each group's rows of D (along K: all M), else the groups' mean, rounded up; the families may
+// order their tiles by it.
 template <class G>
 typename G::Gemm::Arguments gemm_arguments(uint8_t* arrays_base, int64_t groups, const void* c, const float* bias,
-                                           float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector) {
+                                           float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector,
+                                           int64_t rows_per_group, int64_t n) {
   const int device = current_device();
   return G::arguments(G::arrays_at(arrays_base, groups), groups, c != nullptr && beta != 0.0f, bias != nullptr,
-                      alpha * G::kAlphaUnscale, beta, row_is_vector, col_is_vector, device, multiprocessors(device));
+                      alpha * G::kAlphaUnscale, beta, row_is_vector, col_is_vector, device, multiprocessors(device),
+                      rows_per_group, n);
+}
+
+inline int64_t rows_per_group(int64_t m, int64_t groups, bool along_k) {
+  return along_k ? m : (m + groups - 1) / groups;
 }
 
 // The workspace: the family's operand area, the per-group arrays, then CUTLASS's own (which depends on the group
@@ -143,7 +151,8 @@ WorkspaceLayout workspace_layout(int64_t m, int64_t n, int64_t k, int64_t groups
   w.arrays = round_to_256(G::operand_bytes(m, n, k, groups, along_k));
   w.cutlass = w.arrays + round_to_256(arrays_bytes);
   w.total = w.cutlass + G::Gemm::get_workspace_size(gemm_arguments<G>(nullptr, groups, c, bias, alpha, beta,
-                                                                      row_is_vector, col_is_vector));
+                                                                      row_is_vector, col_is_vector,
+                                                                      rows_per_group(m, groups, along_k), n));
   return w;
 }
 
@@ -196,9 +205,10 @@ int grouped_cutlass_run(FP4GEN_GROUPED_GEMM_PARAMS, cudaStream_t stream) {
                                                                                                  beta);
   }
   if (const int launched = launch_status(); launched != kOk) return launched;
-  return cutlass_run<typename G::Gemm>(grouped_args::gemm_arguments<G>(base + layout.arrays, groups, c, bias, alpha,
-                                                                       beta, row_is_vector, col_is_vector),
-                                       base + layout.cutlass, stream);
+  return cutlass_run<typename G::Gemm>(
+      grouped_args::gemm_arguments<G>(base + layout.arrays, groups, c, bias, alpha, beta, row_is_vector,
+                                      col_is_vector, grouped_args::rows_per_group(m, groups, along_k != 0), n),
+      base + layout.cutlass, stream);
 }
 
 }  // namespace fp4gen
