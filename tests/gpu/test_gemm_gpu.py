@@ -330,6 +330,31 @@ def test_autotune_measures_once_per_shape_class_and_never_in_a_graph(monkeypatch
 
 
 @pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("m,n,k", [(1000, 1000, 1024), (4100, 3000, 2048), (2048, 4096, 4096)])
+def test_scratch_gemm_every_kernel_over_several_waves(force_kernel, out_dtype, tol, m, n, k):
+    """Every gemm_sm90 kernel on shapes of one to a few waves of tiles with tails in M and N, every scale
+    combination: the product, accumulation into C, and the same bits on a second call."""
+    from fp4gen.cuda.manifest import load_manifest
+    token = {torch.bfloat16: "bf16out", torch.float32: "fp32out"}[out_dtype]
+    names = sorted(name for name, kernel in load_manifest()["kernels"].items()
+                   if kernel["family"] == "gemm_sm90" and token in name)
+    assert names, "no gemm_sm90 kernel built"
+    for a_row, b_row in SCALES:
+        a, b = operand(m, k, a_row, m + k), operand(n, k, b_row, n + 1)
+        ref = dequantize_f64(a) @ dequantize_f64(b).t()
+        base = torch.randn(m, n, device="cuda").to(out_dtype)
+        for name in names:
+            force_kernel(name)
+            assert chosen_kernel(a, b, out_dtype).name == name
+            d = fp4gen.gemm(a, b, out_dtype=out_dtype)
+            assert rel_err(d, ref) < tol, name
+            assert torch.equal(fp4gen.gemm(a, b, out_dtype=out_dtype), d), name
+            out = base.clone()
+            fp4gen.gemm(a, b, out=out, accumulate=True)
+            assert rel_err(out, ref + base.double()) < tol, name
+
+
+@pytest.mark.parametrize("out_dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("m,n,k", [(100, 264, 512), (300, 37, 256), (16, 1000, 128)])
 def test_bias_in_every_gemm_kernel(force_kernel, out_dtype, tol, m, n, k):
     from fp4gen.cuda.manifest import load_manifest
