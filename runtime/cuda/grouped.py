@@ -88,8 +88,10 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
 #    the groups average at most 64 rows (fewer CTAs idle past a group's end), else the 128-row one.
 # On the H200 (bench/RESULTS.md, 2026-12-02) the TMA family ran every wgrad (groups along K, where the fp16
 # copies are of tokens) 1.2-1.6x faster; along M it needs the experts' weights as fp16 (E * N * K * 2 bytes of
-# traffic and workspace), which 2048 tokens an expert repaid (Mixtral FC1 fprop 1.53x faster) and 512 about
-# broke even (Qwen3-30B-A3B FC1 1.01x, FC2 1.14x), so fewer keep the packed kernel.
+# traffic and workspace), which 2048 tokens an expert repaid (Mixtral FC1 fprop 1.53x faster). With its pingpong
+# tile (2026-12-03, fprop and dgrad, uniform and skewed routing) it was 3-26% faster from 384 tokens an expert on
+# (one tie: Mixtral's skewed dgrad at 384) and the packed kernel 4-17% faster at 256 on Qwen3-30B-A3B's FC1 and
+# Mixtral's experts (FC2 split), so fewer than 384 keep the packed kernel.
 # Within gemm_grouped_tma (tma_variant): the 128x128 pingpong tile along M when the groups average fewer than
 # TMA_PINGPONG_BELOW_ROWS rows, else the 128x256 cooperative tile in pairs of CTAs. On the H200 (bench/RESULTS.md,
 # 2026-12-03) pingpong ran Qwen3-30B-A3B's fprop and dgrad (512 tokens an expert) 4-6% faster and Mixtral's
@@ -101,7 +103,7 @@ TMA_COOPERATIVE = {"tile": "128x256x64", "schedule": "cooperative", "cluster": "
 TMA_PINGPONG = {"tile": "128x128x64", "schedule": "pingpong", "cluster": "1x1"}
 TMA_PINGPONG_BELOW_ROWS = 1024
 BLACKWELL_TILE = {"mma_tile": "128x128x256"}
-TMA_MIN_ROWS_PER_GROUP = {"along M": 512, "along K": 0}
+TMA_MIN_ROWS_PER_GROUP = {"along M": 384, "along K": 0}
 
 
 def tma_variant(rows_per_group: float, along_k: bool) -> dict:
