@@ -119,8 +119,8 @@ struct ArrayCarver {
   }
 };
 
-// rows_per_group: each group's rows of D (along K: all M), else the groups' mean, rounded up; the families may
-// order their tiles by it.
+// rows_per_group: each group's rows of D (along K: all M), else the groups' mean, rounded up (groups >= 1: the
+// callers check the problem first); the families may order their tiles by it.
 template <class G>
 typename G::Gemm::Arguments gemm_arguments(uint8_t* arrays_base, int64_t groups, const void* c, const float* bias,
                                            float alpha, float beta, int64_t row_is_vector, int64_t col_is_vector,

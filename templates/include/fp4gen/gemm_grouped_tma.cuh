@@ -177,11 +177,12 @@ struct TmaGroupedBilateralGemm {
         hw_info};
     Epilogue::set_arguments(args.epilogue.thread, arrays.row_amax, arrays.col_amax, with_bias ? arrays.bias : nullptr,
                             alpha, beta, row_is_vector, col_is_vector);
-    // The persistent CTAs walk each group's tiles along its longer side of tiles (CUTLASS's grouped scheduler
-    // walks along M unless told, not knowing the shapes, which live on the device), so that the tiles in
-    // flight share the panels of the operand whose panels are fewer and stay in L2. On the H200 (bench/RESULTS.md,
-    // 2026-12-03) that made Mixtral's wgrad (28672 x 4096 a group, 2048 tokens deep) 17% faster; along M, where
-    // the groups' rows are few tiles, the order is unchanged.
+    // The persistent CTAs walk each group's tiles along its longer side of tiles. CUTLASS's grouped scheduler
+    // cannot choose (the group shapes are on the device) and walks along M unless told: with many more tile rows
+    // than tile columns, each CTA in flight then takes its own panel of A, and every panel is read again for
+    // each tile column. Walking along N, consecutive CTAs share one panel of A while it is in L2. On the H200
+    // (bench/RESULTS.md, 2026-12-03) that made Mixtral's wgrad (28672 x 4096 a group, 2048 tokens deep) 17%
+    // faster and moved no fprop or dgrad measured beyond noise.
     using RasterOrder = cutlass::gemm::kernel::detail::RasterOrderOptions;
     const int64_t tiles_m = (rows_per_group + kTileM - 1) / kTileM, tiles_n = (n + kTileN - 1) / kTileN;
     args.scheduler.raster_order = tiles_m > tiles_n ? RasterOrder::AlongN : RasterOrder::AlongM;
