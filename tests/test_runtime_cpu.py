@@ -368,6 +368,25 @@ def test_grouped_tma_schedule_follows_the_groups_rows():
             assert token in select(problem, MANIFEST)
 
 
+def test_grouped_gemm_family_follows_the_groups_rows(monkeypatch):
+    """On Hopper: the TMA family for every wgrad and for fprop/dgrad from TMA_MIN_ROWS_PER_GROUP rows a group
+    (pingpong tiles below TMA_PINGPONG_BELOW_ROWS), else the packed family (its 64-row tile up to 64 rows); the
+    packed family too when D's rows cannot be TMA-stored."""
+    from fp4gen.cuda import grouped
+    monkeypatch.setattr(grouped, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(grouped, "_kernel_for", lambda op, device, dtypes, k, pointers, values: values)
+    minimum = grouped.TMA_MIN_ROWS_PER_GROUP["along M"]
+
+    def pick(rows, along_k, tma_ok=True):
+        return grouped._grouped_gemm_kernel(torch.device("cuda", 0), torch.bfloat16, 256, {}, rows, along_k, tma_ok)
+    assert pick(64, False) == {"packed_tile": "64x128x64"}
+    assert pick(minimum - 1, False) == {"packed_tile": "128x128x64"}
+    assert pick(minimum, False) == grouped.TMA_PINGPONG
+    assert pick(grouped.TMA_PINGPONG_BELOW_ROWS, False) == grouped.TMA_COOPERATIVE
+    assert pick(16, True) == pick(4096, True) == grouped.TMA_COOPERATIVE
+    assert pick(2048, False, tma_ok=False) == {"packed_tile": "128x128x64"}
+
+
 _GROUPED_FAMILIES = ("gemm_grouped_wgmma", "gemm_grouped_tma", "gemm_grouped_sm100")
 
 
