@@ -94,8 +94,8 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
 # Mixtral's experts (FC2 split), so fewer than 384 keep the packed kernel.
 # Within gemm_grouped_tma (tma_variant): the 128x128 pingpong tile along M when the groups average fewer than
 # TMA_PINGPONG_BELOW_ROWS rows, else the 128x256 cooperative tile in pairs of CTAs. On the H200 (bench/RESULTS.md,
-# 2026-12-03) pingpong ran Qwen3-30B-A3B's fprop and dgrad (512 tokens an expert) 4-6% faster and Mixtral's
-# (2048) 2-17% slower; from 768 to 1024 tokens the two were within 6% either way. Along K (wgrad) they were
+# 2026-12-03) pingpong ran Qwen3-30B-A3B's fprop and dgrad (512 tokens an expert) 4-8% faster and Mixtral's
+# (2048) 2-43% slower; from 768 to 1024 tokens the two were within 6% either way. Along K (wgrad) they were
 # within a few percent either way, and the cooperative tile stays.
 # On Blackwell (compute capability 10.0) one family, gemm_grouped_sm100: CUTLASS's grouped block-scaled GEMM on
 # the packed codes. Compiled for sm_100a, never run (no Blackwell GPU was available).
