@@ -169,6 +169,15 @@ _PACKED_GEMM_PARAMS = (
 # of scales.
 _PACKED_GEMM_ABI = dict(params=_PACKED_GEMM_PARAMS, constraints={"cols_multiple_of": 64},
                         alignment={"a_codes": 16, "b_codes": 16, "a_scale": 4, "b_scale": 4})
+# gemm_sm90 takes the packed operands too (one library call dequantizes both into bf16 scratch in its workspace,
+# then multiplies), with B's rows: those of N past b_rows multiply as zeros (N rounded up for D's TMA store).
+_SCRATCH_GEMM_PARAMS = (
+    *_PACKED_GEMM_PARAMS[:4],
+    *_GEMM_EPILOGUE_PARAMS,
+    *(p for p in _PACKED_GEMM_PARAMS if p.name in ("lda", "lda_scale", "ldb", "ldb_scale")),
+    Param("b_rows", "int64_t"),
+    *_GEMM_OUTPUT_PARAMS,
+)
 
 FAMILIES = {
     "dequantize": Family(
@@ -378,7 +387,8 @@ FAMILIES = {
     "gemm_sm90": Family(
         name="gemm_sm90",
         op="gemm",
-        description="Hopper D = A @ B.T over block-scaled bf16 operands with the bilateral amax epilogue",
+        description="Hopper D = A @ B.T: both packed operands copied to block-scaled bf16 scratch in the workspace, "
+                    "then CUTLASS wgmma with the bilateral amax epilogue",
         template="gemm_sm90.cu.j2",
         name_prefix="gemm_nvfp4",
         axes={
@@ -389,17 +399,11 @@ FAMILIES = {
             "arch": {"sm90a": "sm90a"},
         },
         defaults=(("cluster", "1x1"),),  # a spec without the axis declares single-CTA kernels
-        params=(
-            Param("a", "const void*"),  # [M, K] bf16 block-scaled values, row stride lda
-            Param("b", "const void*"),  # [N, K] bf16 block-scaled values, row stride ldb
-            *_GEMM_EPILOGUE_PARAMS,
-            Param("lda", "int64_t"),  # elements
-            Param("ldb", "int64_t"),
-            *_GEMM_OUTPUT_PARAMS,
-        ),
-        # K is a multiple of 16 (NVFP4 blocks); TMA needs 16-byte aligned pointers and row strides
+        params=_SCRATCH_GEMM_PARAMS,
+        # K is a multiple of 16 (NVFP4 blocks); the copies read codes a word at a time; TMA needs 16-byte aligned
+        # pointers and row strides of C and D
         constraints={"cols_multiple_of": 16},
-        alignment={"a": 16, "b": 16, "c": 16, "d": 16},
+        alignment={"a_codes": 4, "b_codes": 4, "c": 16, "d": 16},
         excluded=((lambda values, facts: values["schedule"] == "cooperative" and facts["tile_m"] < 128,
                    "a cooperative schedule splits the tile's M across two warp groups: tile M must be >= 128"),),
     ),

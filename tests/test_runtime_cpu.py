@@ -467,13 +467,26 @@ def test_built_fused_gemm_library_checks_problems(name):
 def test_built_gemm_library_checks_problems(name):
     kernel = library.load_kernel(name)
     m, n, k = 128, 256, 64
-    ok = dict(_GEMM_EPILOGUE, a=0x10000, b=0x20000, c=0x30000, d=0x30000, m=m, n=n, k=k, lda=k, ldb=k, ldc=n, ldd=n)
-    assert kernel.can_implement(*_gemm_args(name, **ok)) == 0
-    assert kernel.can_implement(*_gemm_args(name, **{**ok, "bias": 0x80000})) == 0
-    assert kernel.can_implement(*_gemm_args(name, **{**ok, "d": 0x30008})) == 2  # d not 16-byte aligned
-    assert kernel.can_implement(*_gemm_args(name, **{**ok, "bias": 0x80004})) == 2  # bias not 16-byte aligned
-    assert kernel.can_implement(*_gemm_args(name, **{**ok, "k": 40})) == 1  # K not a multiple of 16
-    assert kernel.can_implement(*_gemm_args(name, **{**ok, "row_amax": None})) == 1  # no row amax
+    ok = dict(_GEMM_EPILOGUE, a_codes=0x10000, a_scale=0x18000, b_codes=0x20000, b_scale=0x28000, c=0x30000,
+              d=0x30000, m=m, n=n, k=k, lda=k // 2, lda_scale=k // 16, ldb=k // 2, ldb_scale=k // 16, b_rows=n,
+              ldc=n, ldd=n, workspace=0x90000)
+
+    def check(**changes):
+        args = _gemm_args(name, **{**ok, **changes})
+        return kernel.can_implement(*args), kernel.workspace_size(*args)
+    # both operands' bf16 copies in the workspace (M x K and N x K, 2 bytes each), then CUTLASS's
+    status, workspace = check()
+    assert status == 0 and workspace >= (m + n) * k * 2
+    assert check(b_rows=n - 8) == (0, workspace)  # B's last rows as zeros: the same copies
+    assert check(bias=0x80000)[0] == 0
+    assert check(d=0x30008)[0] == 2  # d not 16-byte aligned
+    assert check(bias=0x80004)[0] == 2  # bias not 16-byte aligned
+    assert check(a_codes=0x10002)[0] == 2  # codes read a word at a time
+    assert check(k=40)[0] == 1  # K not a multiple of 16
+    assert check(row_amax=None)[0] == 1  # no row amax
+    assert check(b_rows=n + 1)[0] == 1  # more rows of B than N
+    assert check(workspace=None)[0] == 1  # no workspace for the copies
+    assert check(workspace=None, m=0) == (0, 0)  # nothing to do, nothing needed
 
 
 def test_quantize_of_cpu_tensor_with_backend_cuda_is_refused():

@@ -83,20 +83,18 @@ def _launch(kernel, device: torch.device, *args) -> None:
             kernel.run(*args, stream=_raw_stream(index))
 
 
-def dequantize(operand: NVFP4Data, dtype: torch.dtype, with_amax: bool = True, out=None) -> torch.Tensor:
-    """out = e2m1 * block scale * amax / 2688; with_amax=False leaves out the second-level factor (the
-    block-scaled values a GEMM multiplies, exact in bf16). `out` may be a row-strided view to write into."""
+def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
+    """out = e2m1 * block scale * amax / (6 * e4m3_max), [rows, cols] in dtype."""
     rows, cols = operand.shape
     device = operand.device
-    if out is None:
-        out = torch.empty(rows, cols, dtype=dtype, device=device)
+    out = torch.empty(rows, cols, dtype=dtype, device=device)
     data, scale = operand.data, operand.scale.view(torch.uint8)
     amax = operand.amax.contiguous()
     kernel = _kernel_for("dequantize", device, {"out_dtype": dtype}, cols,
                          {"data": _row_start_bits(data), "out": _row_start_bits(out)})
-    _launch(kernel, device, data.data_ptr(), scale.data_ptr(), amax.data_ptr() if with_amax else None,
-            out.data_ptr(), rows, cols, data.stride(0), scale.stride(0), 1 if operand.row_scaled else 0,
-            out.stride(0), 1.0 / (6.0 * operand.e4m3_max))  # ctypes rounds the double quotient: fl(1/(6 e4m3_max))
+    _launch(kernel, device, data.data_ptr(), scale.data_ptr(), amax.data_ptr(), out.data_ptr(), rows, cols,
+            data.stride(0), scale.stride(0), 1 if operand.row_scaled else 0, out.stride(0),
+            1.0 / (6.0 * operand.e4m3_max))  # ctypes rounds the double quotient: fl(1/(6 e4m3_max))
     return out
 
 
@@ -427,17 +425,13 @@ def gemm_alpha(a: NVFP4Data, b: NVFP4Data) -> float:
     return 1.0 / ((6.0 * a.e4m3_max) * (6.0 * b.e4m3_max))
 
 
-def _bf16_operands(a: NVFP4Data, b: NVFP4Data, plan: "_GemmPlan") -> tuple:
-    """Hopper: both operands' block-scaled values (E2M1 x E4M3, exact in bf16) in scratch; B gets zero
-    rows up to n_run. Returns (tensors to keep alive, the pointer arguments, the row-stride arguments)."""
-    n_run = plan.n_run
-    a16 = dequantize(a, torch.bfloat16, with_amax=False)
-    if n_run == b.shape[0]:
-        b16 = dequantize(b, torch.bfloat16, with_amax=False)
-    else:
-        b16 = torch.zeros(n_run, b.shape[1], dtype=torch.bfloat16, device=b.device)
-        dequantize(b, torch.bfloat16, with_amax=False, out=b16[: b.shape[0]])
-    return (a16, b16), (a16.data_ptr(), b16.data_ptr()), (a16.stride(0), b16.stride(0))
+def _scratch_operands(a: NVFP4Data, b: NVFP4Data, plan: "_GemmPlan") -> tuple:
+    """Hopper over scratch: the packed codes and scales as they are (the library copies both operands' block-scaled
+    values, exact in bf16, into its workspace), their row strides in bytes, and B's rows (the kernel runs on
+    n_run, the rows past B's multiplying as zeros)."""
+    a_data, a_scale, b_data, b_scale = a.data, a.scale, b.data, b.scale
+    return ((), (a_data.data_ptr(), a_scale.data_ptr(), b_data.data_ptr(), b_scale.data_ptr()),
+            (a_data.stride(0), a_scale.stride(0), b_data.stride(0), b_scale.stride(0), b.shape[0]))
 
 
 def _blockscaled_operands(a: NVFP4Data, b: NVFP4Data, plan: "_GemmPlan") -> tuple:
@@ -467,7 +461,7 @@ def _packed_operands(a: NVFP4Data, b: NVFP4Data, plan: "_GemmPlan") -> tuple:
 
 # How each GEMM family takes its operands.
 _GEMM_OPERANDS = {
-    "gemm_sm90": _bf16_operands,
+    "gemm_sm90": _scratch_operands,
     "gemm_sm100": _blockscaled_operands,
     "gemm_fused_dequant": _packed_operands,
     "gemm_fused_wgmma": _packed_operands,
@@ -587,8 +581,8 @@ def _choose_gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, meas
 
 
 def _time_gemm(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, accumulate: bool) -> float:
-    """GPU milliseconds of one whole fp4gen.gemm call with `kernel`: its operand preparation (the scratch
-    dequantization of the wgmma family, the scale swizzle of the Blackwell one) and its launches, into a
+    """GPU milliseconds of one whole fp4gen.gemm call with `kernel`: its operand preparation (the scale swizzle of
+    the Blackwell one; the other families' copies are launched by their own library call) and its launches, into a
     scratch output (C = that output when accumulating). The calls are captured in a CUDA graph and
     replayed, so host time does not count; best of three replays."""
     device = a.device
@@ -638,14 +632,15 @@ def _gemm_launch(plan: _GemmPlan, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.d
     """(d, the launch arguments of the plan's kernel for D = A @ B.T (+ bias) (+ C = out when accumulating),
     tensors to keep alive until the launch is queued). D has plan.n_run columns.
 
-    The operands go in as the kernel family needs them: packed codes and scales for the Hopper GEMMs that
-    read them, block-scaled bf16 scratch for the wgmma one over scratch, packed codes with swizzled scales
-    for the Blackwell one."""
+    The operands go in as the kernel family needs them: packed codes and scales for the Hopper GEMMs (which
+    read them or copy them into scratch in their workspace), packed codes with swizzled scales for the Blackwell
+    one."""
     (m, k), n = a.shape, b.shape[0]
     if plan.n_run is None:
         plan.prepare(a, b, out_dtype)
     n_run = plan.n_run
-    # scratch must stay referenced until the launch is queued, or the allocator could hand its memory to d
+    # operand copies (the Blackwell scales) must stay referenced until the launch is queued, or the allocator
+    # could hand their memory to d
     scratch, operand_ptrs, operand_strides = plan.operands(a, b, plan)
     col_amax = b.amax.contiguous()
     if b.row_scaled and n_run != n:

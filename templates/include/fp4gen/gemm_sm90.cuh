@@ -1,8 +1,9 @@
-// Hopper NVFP4 GEMM, first version (docs/numerics.md, how Hopper runs NVFP4): both operands arrive
-// dequantized to their block-scaled values (E2M1 * E4M3, exact in bf16, without the second-level amax), a
-// CUTLASS SM90 bf16 TMA warp-specialized GEMM accumulates in fp32, and the bilateral epilogue
-// (bilateral_epilogue.hpp) applies alpha * row_amax[i] * col_amax[j], alpha = fl(1 / 2688^2) from the
-// caller, plus beta * C.
+// Hopper NVFP4 GEMM over scratch operands (docs/numerics.md, how Hopper runs NVFP4): one library call
+// dequantizes both packed operands to their block-scaled values (E2M1 * E4M3, exact in bf16, without the
+// second-level amax) into bf16 scratch in the caller's workspace, then a CUTLASS SM90 bf16 TMA warp-specialized
+// GEMM accumulates in fp32, and the bilateral epilogue (bilateral_epilogue.hpp) applies
+// alpha * row_amax[i] * col_amax[j], alpha = fl(1 / 2688^2) from the caller, plus beta * C. (The copies in the
+// same call, not two calls of the dequantize library before it: each library call costs host time.)
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -15,6 +16,7 @@
 #include "fp4gen/abi.h"
 #include "fp4gen/cutlass_run.hpp"
 #include "fp4gen/bilateral_epilogue.hpp"
+#include "fp4gen/dequantize.cuh"
 
 namespace fp4gen {
 
@@ -73,40 +75,97 @@ struct Sm90BilateralGemm {
   }
 };
 
-// The C ABI's parameters (codegen/families.py, gemm_sm90), shared by the three entry points below.
-#define FP4GEN_SM90_GEMM_PARAMS                                                                                \
-  const void *a, const void *b, const void *c, void *d, const float *row_amax, const float *col_amax,          \
-      const float *bias, float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,   \
+// The C ABI's parameters (codegen/families.py, gemm_sm90), shared by the three entry points below: the packed
+// operands (codes and E4M3 scales, row strides in bytes), B's rows (those of N past b_rows multiply as zeros: the
+// caller rounds N up for D's TMA store), the epilogue's and the workspace.
+#define FP4GEN_SM90_GEMM_PARAMS                                                                                   \
+  const uint8_t *a_codes, const uint8_t *a_scale, const uint8_t *b_codes, const uint8_t *b_scale, const void *c,  \
+      void *d, const float *row_amax, const float *col_amax, const float *bias, float alpha, float beta, int64_t m, \
+      int64_t n, int64_t k, int64_t lda, int64_t lda_scale, int64_t ldb, int64_t ldb_scale, int64_t b_rows,        \
       int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void *workspace
-#define FP4GEN_SM90_GEMM_PROBLEM \
-  a, b, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, lda, ldb, ldc, ldd, row_is_vector, col_is_vector
+
+// The workspace: A's bf16 copy [M, K], then B's [N, K], then CUTLASS's, each at a 256-byte boundary.
+struct Sm90Scratch {
+  static constexpr int64_t kAlign = 256;
+  int64_t a_bytes, b_bytes;
+  Sm90Scratch(int64_t m, int64_t n, int64_t k)
+      : a_bytes((m * k * 2 + kAlign - 1) / kAlign * kAlign), b_bytes((n * k * 2 + kAlign - 1) / kAlign * kAlign) {}
+  uint8_t* a(void* workspace) const { return static_cast<uint8_t*>(workspace); }
+  uint8_t* b(void* workspace) const { return static_cast<uint8_t*>(workspace) + a_bytes; }
+  uint8_t* gemm(void* workspace) const { return static_cast<uint8_t*>(workspace) + a_bytes + b_bytes; }
+};
+
+// The CUTLASS arguments over the scratch copies at a16 and b16 (a stand-in address where only the shape matters).
+template <class G>
+typename G::Gemm::Arguments gemm_arguments(const void* a16, const void* b16, const void* c, void* d,
+                                           const float* row_amax, const float* col_amax, const float* bias,
+                                           float alpha, float beta, int64_t m, int64_t n, int64_t k,
+                                           int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector) {
+  return G::arguments(a16, b16, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, k, k, ldc, ldd, row_is_vector,
+                      col_is_vector);
+}
+constexpr uintptr_t kShapeOnlyAddress = 256;  // an aligned stand-in for a scratch copy not allocated yet
 
 template <class G>
 int gemm_can_implement(FP4GEN_SM90_GEMM_PARAMS) {
-  (void)workspace;
   if (m < 0 || n < 0 || k <= 0 || k % 16 != 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
     return kInvalidProblem;
+  if (b_rows < 0 || b_rows > n) return kInvalidProblem;
   if (row_amax == nullptr || col_amax == nullptr) return kInvalidProblem;
   // TMA and the broadcast nodes' vector loads
-  for (const void* p : {a, b, c, static_cast<const void*>(d), static_cast<const void*>(bias)})
+  for (const void* p : {c, static_cast<const void*>(d), static_cast<const void*>(bias)})
     if (!aligned(p, 16)) return kMisaligned;
-  for (int64_t ld : {lda, ldb}) if (ld % G::kAlignAB != 0) return kMisaligned;
   for (int64_t ld : {ldc, ldd}) if (ld % G::kAlignCD != 0) return kMisaligned;
-  return cutlass_can_implement<typename G::Gemm>(G::arguments(FP4GEN_SM90_GEMM_PROBLEM));
+  // the copies: what the dequantize kernel takes of each operand
+  const auto stand_in = reinterpret_cast<void*>(kShapeOnlyAddress);
+  if (const int a_ok = dequantize_can_implement<__nv_bfloat16>(a_codes, a_scale, nullptr, stand_in, m, k, lda,
+                                                                lda_scale, 0, k, 1.0f); a_ok != kOk)
+    return a_ok;
+  if (const int b_ok = dequantize_can_implement<__nv_bfloat16>(b_codes, b_scale, nullptr, stand_in, b_rows, k, ldb,
+                                                                ldb_scale, 0, k, 1.0f); b_ok != kOk)
+    return b_ok;
+  if (m > 0 && n > 0 && workspace == nullptr) return kInvalidProblem;  // no room for the copies
+  if (!aligned(workspace, Sm90Scratch::kAlign)) return kMisaligned;
+  return cutlass_can_implement<typename G::Gemm>(gemm_arguments<G>(
+      stand_in, stand_in, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, ldc, ldd, row_is_vector,
+      col_is_vector));
 }
 
 template <class G>
 size_t gemm_workspace_size(FP4GEN_SM90_GEMM_PARAMS) {
   (void)workspace;
-  return G::Gemm::get_workspace_size(G::arguments(FP4GEN_SM90_GEMM_PROBLEM));
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  const Sm90Scratch scratch(m, n, k);
+  const auto stand_in = reinterpret_cast<void*>(kShapeOnlyAddress);
+  return scratch.a_bytes + scratch.b_bytes +
+         G::Gemm::get_workspace_size(gemm_arguments<G>(stand_in, stand_in, c, d, row_amax, col_amax, bias, alpha,
+                                                       beta, m, n, k, ldc, ldd, row_is_vector, col_is_vector));
 }
 
 template <class G>
 int gemm_run(FP4GEN_SM90_GEMM_PARAMS, cudaStream_t stream) {
-  const int status = gemm_can_implement<G>(FP4GEN_SM90_GEMM_PROBLEM, workspace);
+  const int status = gemm_can_implement<G>(a_codes, a_scale, b_codes, b_scale, c, d, row_amax, col_amax, bias, alpha,
+                                           beta, m, n, k, lda, lda_scale, ldb, ldb_scale, b_rows, ldc, ldd,
+                                           row_is_vector, col_is_vector, workspace);
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
-  return cutlass_run<typename G::Gemm>(G::arguments(FP4GEN_SM90_GEMM_PROBLEM), workspace, stream);
+  const Sm90Scratch scratch(m, n, k);
+  uint8_t* const a16 = scratch.a(workspace);
+  uint8_t* const b16 = scratch.b(workspace);
+  // block-scaled values only (no amax: the epilogue applies it), as the dequantize library gives them
+  if (const int done = dequantize_run<__nv_bfloat16>(a_codes, a_scale, nullptr, a16, m, k, lda, lda_scale, 0, k, 1.0f,
+                                                     stream); done != kOk)
+    return done;
+  if (const int done = dequantize_run<__nv_bfloat16>(b_codes, b_scale, nullptr, b16, b_rows, k, ldb, ldb_scale, 0, k,
+                                                     1.0f, stream); done != kOk)
+    return done;
+  if (b_rows < n) {
+    const cudaError_t err = cudaMemsetAsync(b16 + b_rows * k * 2, 0, (n - b_rows) * k * 2, stream);
+    if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
+  }
+  return cutlass_run<typename G::Gemm>(gemm_arguments<G>(a16, b16, c, d, row_amax, col_amax, bias, alpha, beta, m, n,
+                                                         k, ldc, ldd, row_is_vector, col_is_vector),
+                                       scratch.gemm(workspace), stream);
 }
 
 }  // namespace fp4gen
