@@ -35,6 +35,10 @@ __host__ __device__ inline bool aligned(const void* ptr, int64_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % static_cast<uintptr_t>(bytes) == 0;
 }
 
+// Workspace areas start at 256-byte boundaries (what cudaMalloc gives a whole allocation): every vector access,
+// TMA's 16-byte and 128-byte rules included, then holds within each area.
+constexpr size_t round_to_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 inline int launch_status() {
   cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? kOk : kCudaErrorBase + static_cast<int>(err);

@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
 // The workspace: split K's partial sums (fused_gemm_workspace_size), then A's fp16 copy at a 256-byte
 // boundary.
 inline size_t half_a_offset(FP4GEN_FUSED_GEMM_PARAMS) {
-  return (fused_gemm_workspace_size(FP4GEN_FUSED_GEMM_ARGS) + 255) / 256 * 256;
+  return round_to_256(fused_gemm_workspace_size(FP4GEN_FUSED_GEMM_ARGS));
 }
 
 }  // namespace fused_wgmma

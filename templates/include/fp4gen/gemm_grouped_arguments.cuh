@@ -103,8 +103,6 @@ struct Operands {
   uint8_t* area;
 };
 
-constexpr size_t round_to_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 // Lays a family's per-group arrays out one after another from `base`, each at a 16-byte boundary: take(member)
 // points the member at the next array of `groups` elements of its type; `used` is their extent so far. Integer
 // arithmetic: the workspace layout is sized from a null base.

@@ -135,7 +135,7 @@ struct Sm100GroupedBilateralGemm {
   }
   static size_t operand_bytes(int64_t m, int64_t n, int64_t k, int64_t groups, bool along_k) {
     using grouped_sm100::round_up;
-    return grouped_args::round_to_256(sfa_bytes(m, k, groups, along_k)) +
+    return round_to_256(sfa_bytes(m, k, groups, along_k)) +
            static_cast<size_t>((along_k ? 1 : groups) * round_up(n, 128) * (k / 16));
   }
   static constexpr float kAlphaUnscale = 1.0f;  // the MMA multiplies the block-scaled values themselves
@@ -149,7 +149,7 @@ struct Sm100GroupedBilateralGemm {
                                      int64_t end, const grouped_args::Operands o) {
     using grouped_sm100::round_up;
     uint8_t* const sfa = o.area;
-    uint8_t* const sfb = o.area + grouped_args::round_to_256(sfa_bytes(p.m, p.k, p.groups, p.along_k));
+    uint8_t* const sfb = o.area + round_to_256(sfa_bytes(p.m, p.k, p.groups, p.along_k));
     const auto* c = static_cast<const ElementD*>(p.c);
     auto* d = static_cast<ElementD*>(p.d);
     int64_t row0 = 0, k_extent = p.k;  // the group's first row of A, C and D; its K

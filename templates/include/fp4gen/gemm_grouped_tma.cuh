@@ -111,7 +111,7 @@ struct TmaGroupedBilateralGemm {
   static constexpr float kAlphaUnscale = 268435456.0f;
 
   // The operand area: A's fp16 copy, then (at a 256-byte boundary) B's.
-  static size_t b_half_offset(int64_t m, int64_t k) { return grouped_args::round_to_256(static_cast<size_t>(m * k) * 2); }
+  static size_t b_half_offset(int64_t m, int64_t k) { return round_to_256(static_cast<size_t>(m * k) * 2); }
   static size_t operand_bytes(int64_t m, int64_t n, int64_t k, int64_t groups, bool along_k) {
     return b_half_offset(m, k) + static_cast<size_t>((along_k ? n : groups * n) * k) * 2;
   }

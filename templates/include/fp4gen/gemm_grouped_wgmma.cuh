@@ -217,9 +217,9 @@ __global__ void __launch_bounds__(HalfTile<BM, BN>::kThreads, kCtas)
 namespace grouped_wgmma {
 
 // The workspace: the groups' tile ends (along M), then A's fp16 copy at a 256-byte boundary, then (along K) B's.
-inline size_t half_a_offset(int64_t groups) { return (static_cast<size_t>(groups) * 8 + 255) / 256 * 256; }
+inline size_t half_a_offset(int64_t groups) { return round_to_256(static_cast<size_t>(groups) * 8); }
 inline size_t half_b_offset(int64_t groups, int64_t m, int64_t k) {
-  return (half_a_offset(groups) + static_cast<size_t>(m * k) * 2 + 255) / 256 * 256;
+  return round_to_256(half_a_offset(groups) + static_cast<size_t>(m * k) * 2);
 }
 
 }  // namespace grouped_wgmma

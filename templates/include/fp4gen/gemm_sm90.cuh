@@ -50,18 +50,18 @@ struct Sm90BilateralGemm {
                                                       CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // A [M, K] and B [N, K] K-major (row strides lda, ldb); C, D [M, N] row-major (ldc, ldd).
+  // A [M, K] and B [N, K]: the contiguous bf16 scratch copies (a stand-in address where only the shape matters);
+  // C, D [M, N] row-major (ldc, ldd).
   static typename Gemm::Arguments arguments(const void* a, const void* b, const void* c, void* d,
                                             const float* row_amax, const float* col_amax, const float* bias,
-                                            float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t lda,
-                                            int64_t ldb, int64_t ldc, int64_t ldd, int64_t row_is_vector,
-                                            int64_t col_is_vector) {
+                                            float alpha, float beta, int64_t m, int64_t n, int64_t k, int64_t ldc,
+                                            int64_t ldd, int64_t row_is_vector, int64_t col_is_vector) {
     using StrideA = typename Gemm::GemmKernel::StrideA;
     using StrideB = typename Gemm::GemmKernel::StrideB;
     using StrideC = typename Gemm::GemmKernel::StrideC;
     using StrideD = typename Gemm::GemmKernel::StrideD;
-    StrideA stride_a{lda, cute::_1{}, int64_t(0)};
-    StrideB stride_b{ldb, cute::_1{}, int64_t(0)};
+    StrideA stride_a{k, cute::_1{}, int64_t(0)};
+    StrideB stride_b{k, cute::_1{}, int64_t(0)};
     StrideC stride_c{ldc, cute::_1{}, int64_t(0)};
     StrideD stride_d{ldd, cute::_1{}, int64_t(0)};
     typename Gemm::Arguments args{
@@ -87,23 +87,14 @@ struct Sm90BilateralGemm {
 // The workspace: A's bf16 copy [M, K], then B's [N, K], then CUTLASS's, each at a 256-byte boundary.
 struct Sm90Scratch {
   static constexpr int64_t kAlign = 256;
-  int64_t a_bytes, b_bytes;
+  size_t a_bytes, b_bytes;
   Sm90Scratch(int64_t m, int64_t n, int64_t k)
-      : a_bytes((m * k * 2 + kAlign - 1) / kAlign * kAlign), b_bytes((n * k * 2 + kAlign - 1) / kAlign * kAlign) {}
+      : a_bytes(round_to_256(static_cast<size_t>(m * k) * 2)), b_bytes(round_to_256(static_cast<size_t>(n * k) * 2)) {}
   uint8_t* a(void* workspace) const { return static_cast<uint8_t*>(workspace); }
   uint8_t* b(void* workspace) const { return static_cast<uint8_t*>(workspace) + a_bytes; }
   uint8_t* gemm(void* workspace) const { return static_cast<uint8_t*>(workspace) + a_bytes + b_bytes; }
 };
 
-// The CUTLASS arguments over the scratch copies at a16 and b16 (a stand-in address where only the shape matters).
-template <class G>
-typename G::Gemm::Arguments gemm_arguments(const void* a16, const void* b16, const void* c, void* d,
-                                           const float* row_amax, const float* col_amax, const float* bias,
-                                           float alpha, float beta, int64_t m, int64_t n, int64_t k,
-                                           int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector) {
-  return G::arguments(a16, b16, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, k, k, ldc, ldd, row_is_vector,
-                      col_is_vector);
-}
 constexpr uintptr_t kShapeOnlyAddress = 256;  // an aligned stand-in for a scratch copy not allocated yet
 
 template <class G>
@@ -126,7 +117,7 @@ int gemm_can_implement(FP4GEN_SM90_GEMM_PARAMS) {
     return b_ok;
   if (m > 0 && n > 0 && workspace == nullptr) return kInvalidProblem;  // no room for the copies
   if (!aligned(workspace, Sm90Scratch::kAlign)) return kMisaligned;
-  return cutlass_can_implement<typename G::Gemm>(gemm_arguments<G>(
+  return cutlass_can_implement<typename G::Gemm>(G::arguments(
       stand_in, stand_in, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k, ldc, ldd, row_is_vector,
       col_is_vector));
 }
@@ -138,8 +129,8 @@ size_t gemm_workspace_size(FP4GEN_SM90_GEMM_PARAMS) {
   const Sm90Scratch scratch(m, n, k);
   const auto stand_in = reinterpret_cast<void*>(kShapeOnlyAddress);
   return scratch.a_bytes + scratch.b_bytes +
-         G::Gemm::get_workspace_size(gemm_arguments<G>(stand_in, stand_in, c, d, row_amax, col_amax, bias, alpha,
-                                                       beta, m, n, k, ldc, ldd, row_is_vector, col_is_vector));
+         G::Gemm::get_workspace_size(G::arguments(stand_in, stand_in, c, d, row_amax, col_amax, bias, alpha, beta,
+                                                  m, n, k, ldc, ldd, row_is_vector, col_is_vector));
 }
 
 template <class G>
@@ -163,8 +154,8 @@ int gemm_run(FP4GEN_SM90_GEMM_PARAMS, cudaStream_t stream) {
     const cudaError_t err = cudaMemsetAsync(b16 + b_rows * k * 2, 0, (n - b_rows) * k * 2, stream);
     if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
   }
-  return cutlass_run<typename G::Gemm>(gemm_arguments<G>(a16, b16, c, d, row_amax, col_amax, bias, alpha, beta, m, n,
-                                                         k, ldc, ldd, row_is_vector, col_is_vector),
+  return cutlass_run<typename G::Gemm>(G::arguments(a16, b16, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k,
+                                                    ldc, ldd, row_is_vector, col_is_vector),
                                        scratch.gemm(workspace), stream);
 }
 
