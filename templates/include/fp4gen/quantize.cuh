@@ -293,22 +293,23 @@ __device__ __forceinline__ void store_output(V* dst, V value) {
 // The first n of kBytes (8 or 16) staged bytes (src at a kBytes boundary) to global memory: one vector store where
 // whole and aligned; a whole piece at a 4- or 8-byte boundary in words. Such pieces are common: an output row of
 // rows / 16 scale bytes starts at a 4- or 8-byte boundary only when rows is a multiple of 64 but not of 256, as
-// in grouped tokens' padded row space (on the H200, storing those columnwise scales a byte at a time took 12-13%
+// in grouped tokens' padded row space (on the H200, storing those columnwise scales a byte at a time took 11-13%
 // of the grouped columnwise kernel's time with the transform; bench/RESULTS.md, 2026-12-03).
 template <int kBytes, bool kStreaming = false>
 __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, int n) {
-  using Vector = std::conditional_t<kBytes == 16, uint4, uint2>;
   static_assert(kBytes == 16 || kBytes == 8, "8- or 16-byte pieces");
+  auto store_words = [&](auto word) {  // the piece as kBytes / sizeof(word) words of word's type
+    using Word = decltype(word);
+#pragma unroll
+    for (int w = 0; w < kBytes / static_cast<int>(sizeof(Word)); ++w)
+      store_output<kStreaming>(reinterpret_cast<Word*>(dst) + w, reinterpret_cast<const Word*>(src)[w]);
+  };
   if (n == kBytes && aligned(dst, kBytes)) {
-    store_output<kStreaming>(reinterpret_cast<Vector*>(dst), *reinterpret_cast<const Vector*>(src));
+    store_words(std::conditional_t<kBytes == 16, uint4, uint2>{});
   } else if (n == kBytes && aligned(dst, 8)) {
-#pragma unroll
-    for (int w = 0; w < kBytes / 8; ++w)
-      store_output<kStreaming>(reinterpret_cast<uint2*>(dst) + w, reinterpret_cast<const uint2*>(src)[w]);
+    store_words(uint2{});
   } else if (n == kBytes && aligned(dst, 4)) {
-#pragma unroll
-    for (int w = 0; w < kBytes / 4; ++w)
-      store_output<kStreaming>(reinterpret_cast<uint32_t*>(dst) + w, reinterpret_cast<const uint32_t*>(src)[w]);
+    store_words(uint32_t{});
   } else {
     for (int b = 0; b < n; ++b) store_output<kStreaming>(dst + b, src[b]);
   }
