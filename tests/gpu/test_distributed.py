@@ -1,9 +1,10 @@
 """Data-parallel training with fp4gen.nn.Linear on two GPUs of one host (DDP, and FSDP2 where this PyTorch
 has it), and with fp4gen.nn.GroupedLinear experts under FSDP2, against a single-GPU run on the same global
-batch. Skipped with fewer than two CUDA devices.
+batch; the two-GPU tests are skipped with fewer than two CUDA devices. FSDP2 over a single rank (its sharded
+parameters, hooks and optimizer steps around the fp4gen modules, with nothing to communicate) runs on one GPU.
 
-Run: `python -m pytest tests/gpu/test_distributed.py` on a machine with two or more GPUs. Each test
-spawns one process per GPU (NCCL; NVLink multicast off, see README)."""
+Run: `python -m pytest tests/gpu/test_distributed.py`. Each two-GPU test spawns one process per GPU (NCCL;
+NVLink multicast off, see README); the single-rank test runs in the test's own process."""
 import os
 from datetime import timedelta
 
@@ -19,8 +20,8 @@ STEPS = 8
 GLOBAL_TOKENS = 128  # each rank takes 64 tokens: a multiple of 16, as wgrad needs
 LR = 1e-2  # Adam: the loss falls by about a third in STEPS steps, so a stale weight would show
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA devices")]
+pytestmark = [pytest.mark.gpu]
+needs_world = pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA devices")
 
 try:
     from torch.distributed.fsdp import fully_shard
@@ -86,10 +87,10 @@ def train(model, rank, world):
     return losses
 
 
-def worker(rank, mode, rdzv, out_dir, kind="linear"):
+def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD):
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (see the device notes in the README)
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"file://{rdzv}", rank=rank, world_size=WORLD,
+    dist.init_process_group("nccl", init_method=f"file://{rdzv}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     try:
         model = make_model("cuda", kind)
@@ -100,7 +101,7 @@ def worker(rank, mode, rdzv, out_dir, kind="linear"):
                 if isinstance(layer, (fp4gen.nn.Linear, fp4gen.nn.GroupedLinear)):
                     fully_shard(layer)
             fully_shard(model)
-        losses = train(model, rank, WORLD)
+        losses = train(model, rank, world)
         grads = {}
         if mode == "ddp":  # the gradients of the last step, after DDP's all-reduce
             grads = {name: p.grad.detach().cpu() for name, p in model.module.named_parameters()}
@@ -136,6 +137,7 @@ def assert_losses_match(parallel, single):
         assert abs(p - s) <= 0.06 * abs(s), (step, parallel, single)
 
 
+@needs_world
 def test_ddp_matches_single_gpu_and_ranks_hold_identical_gradients(tmp_path, single_gpu_losses):
     ranks = run_data_parallel("ddp", tmp_path)
     assert ranks[0]["losses"] == ranks[1]["losses"]
@@ -145,6 +147,7 @@ def test_ddp_matches_single_gpu_and_ranks_hold_identical_gradients(tmp_path, sin
         assert torch.equal(g0, ranks[1]["grads"][name]), name
 
 
+@needs_world
 @pytest.mark.skipif(fully_shard is None, reason="this PyTorch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
 def test_fsdp2_matches_single_gpu(tmp_path, single_gpu_losses):
     ranks = run_data_parallel("fsdp2", tmp_path)
@@ -152,6 +155,7 @@ def test_fsdp2_matches_single_gpu(tmp_path, single_gpu_losses):
     assert_losses_match(ranks[0]["losses"], single_gpu_losses)
 
 
+@needs_world
 @pytest.mark.skipif(fully_shard is None, reason="this PyTorch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
 def test_fsdp2_grouped_linear_matches_single_gpu(tmp_path, single_gpu_expert_losses):
     """The [E, out, in] expert weight sharded along its experts; the quantized weight must follow each
@@ -159,3 +163,17 @@ def test_fsdp2_grouped_linear_matches_single_gpu(tmp_path, single_gpu_expert_los
     ranks = run_data_parallel("fsdp2", tmp_path, "experts")
     assert ranks[0]["losses"] == ranks[1]["losses"]
     assert_losses_match(ranks[0]["losses"], single_gpu_expert_losses)
+
+
+@pytest.mark.skipif(fully_shard is None, reason="this PyTorch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
+@pytest.mark.parametrize("kind", ["linear", "experts"])
+def test_fsdp2_one_rank_matches_single_gpu(tmp_path, kind):
+    """FSDP2 over one rank computes what the plain model computes (the same kernels on the same batch), through
+    its sharded parameters and its unshard and reshard around every step: a quantized weight that missed an
+    optimizer step would move the loss far beyond this tolerance from the second step on."""
+    single = train(make_model("cuda", kind), rank=0, world=1)
+    worker(0, "fsdp2", str(tmp_path / "rdzv"), str(tmp_path), kind, world=1)
+    sharded = torch.load(tmp_path / "fsdp2_rank0.pt")["losses"]
+    assert single[-1] < 0.8 * single[0], single  # the run trains
+    for step, (p, s) in enumerate(zip(sharded, single)):
+        assert abs(p - s) <= 1e-3 * abs(s), (step, sharded, single)
