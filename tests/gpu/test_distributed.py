@@ -166,12 +166,13 @@ def test_fsdp2_grouped_linear_matches_single_gpu(tmp_path, single_gpu_expert_los
 
 
 @pytest.mark.skipif(fully_shard is None, reason="this PyTorch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
-@pytest.mark.parametrize("kind", ["linear", "experts"])
-def test_fsdp2_one_rank_matches_single_gpu(tmp_path, kind):
+@pytest.mark.parametrize("kind,single_losses", [("linear", "single_gpu_losses"), ("experts", "single_gpu_expert_losses")])
+def test_fsdp2_one_rank_matches_single_gpu(tmp_path, request, kind, single_losses):
     """FSDP2 over one rank computes what the plain model computes (the same kernels on the same batch), through
     its sharded parameters and its unshard and reshard around every step: a quantized weight that missed an
-    optimizer step would move the loss far beyond this tolerance from the second step on."""
-    single = train(make_model("cuda", kind), rank=0, world=1)
+    optimizer step would move the loss far beyond this tolerance (on the H200, with the optimizer-step hook
+    removed from the weight cache, at step 7 for the Linear stack and step 2 for the experts)."""
+    single = request.getfixturevalue(single_losses)
     worker(0, "fsdp2", str(tmp_path / "rdzv"), str(tmp_path), kind, world=1)
     sharded = torch.load(tmp_path / "fsdp2_rank0.pt")["losses"]
     assert single[-1] < 0.8 * single[0], single  # the run trains
