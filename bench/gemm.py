@@ -1,7 +1,7 @@
 """fp4gen.gemm on the current GPU against cuBLAS bf16 and a compiled dequantize-then-matmul.
 
 For each (M, N, K): fp4gen.gemm (the whole call: for M <= 128 the fused kernel that reads the packed
-operands, else operand dequantization to block-scaled bf16 scratch plus the wgmma GEMM; both with the
+operands, else operand dequantization to block-scaled fp16 scratch plus the wgmma GEMM; both with the
 bilateral epilogue), cuBLAS bf16 (`a @ b.T` on bf16 operands of the same shapes), and a `torch.compile`d
 reference dequantize-then-matmul; TFLOP/s counts 2*M*N*K. The last column names the kernel chosen (the
 autotuner's measured choice, made by the first call of each shape: see docs/kernel-selection.md). The

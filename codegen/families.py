@@ -169,7 +169,7 @@ _PACKED_GEMM_PARAMS = (
 # of scales.
 _PACKED_GEMM_ABI = dict(params=_PACKED_GEMM_PARAMS, constraints={"cols_multiple_of": 64},
                         alignment={"a_codes": 16, "b_codes": 16, "a_scale": 4, "b_scale": 4})
-# gemm_sm90 takes the packed operands too (one library call dequantizes both into bf16 scratch in its workspace,
+# gemm_sm90 takes the packed operands too (one library call dequantizes both into fp16 scratch in its workspace,
 # then multiplies), with B's rows: those of N past b_rows multiply as zeros (N rounded up for D's TMA store).
 _SCRATCH_GEMM_PARAMS = (
     *_PACKED_GEMM_PARAMS[:4],
@@ -387,7 +387,7 @@ FAMILIES = {
     "gemm_sm90": Family(
         name="gemm_sm90",
         op="gemm",
-        description="Hopper D = A @ B.T: both packed operands copied to block-scaled bf16 scratch in the workspace, "
+        description="Hopper D = A @ B.T: both packed operands copied to block-scaled fp16 scratch in the workspace, "
                     "then CUTLASS wgmma with the bilateral amax epilogue",
         template="gemm_sm90.cu.j2",
         name_prefix="gemm_nvfp4",

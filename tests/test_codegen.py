@@ -187,7 +187,8 @@ def test_a_header_edit_stales_only_the_kernels_that_include_it(tmp_path):
     project = copy_project(tmp_path)
     before = json.loads((project / "generated/manifest.json").read_text())["kernels"]
     # included by the GEMMs that read the packed operands only (the wgmma and grouped ones share its staging code;
-    # the CUTLASS grouped GEMMs its fp16 dequantization and the grouped C ABI's rules)
+    # the CUTLASS GEMMs over fp16 copies, dense and grouped, its fp16 dequantization, the grouped ones also the
+    # grouped C ABI's rules)
     header = project / "templates/include/fp4gen/gemm_fused_dequant.cuh"
     header.write_text(header.read_text() + "// changed\n")
     assert run_build_py(project, "--render-only").returncode == 0
@@ -195,7 +196,8 @@ def test_a_header_edit_stales_only_the_kernels_that_include_it(tmp_path):
     changed = {name for name in before if before[name]["headers_sha256"] != after[name]["headers_sha256"]}
     assert changed == {name for name, k in before.items() if k["family"] in ("gemm_fused_dequant", "gemm_fused_wgmma",
                                                                              "gemm_packed_rs", "gemm_grouped_wgmma",
-                                                                             "gemm_grouped_tma", "gemm_grouped_sm100")}
+                                                                             "gemm_grouped_tma", "gemm_grouped_sm100",
+                                                                             "gemm_sm90")}
     shared = project / "templates/include/fp4gen/abi.h"  # included by every kernel, through other headers too
     shared.write_text(shared.read_text() + "// changed\n")
     assert run_build_py(project, "--render-only").returncode == 0

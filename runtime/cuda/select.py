@@ -54,7 +54,7 @@ def _rank(kernel: dict, problem: Problem) -> tuple:
     declared), up to M = 256, a kernel that reads the packed operands with wgmma (gemm_fused_wgmma,
     packed_wgmma), so B's codes are read and dequantized once, which is what bounds small-M GEMMs: the
     smallest tile that covers M (the tallest when none does), then the narrowest.
-    Otherwise the wgmma tiles over bf16 scratch: the tallest no taller than M (at least the smallest tile), so
+    Otherwise the wgmma tiles over fp16 scratch: the tallest no taller than M (at least the smallest tile), so
     small M gets 64-row pingpong tiles instead of half-empty 128-row ones; then the widest tile. The other
     packed-operand kernels (the mma.sync ones, gemm_fused_dequant, which measured slower than the wgmma ones
     at M = 16 and 64 since A is dequantized once per GEMM) come last, the smallest covering tile first.

@@ -295,6 +295,35 @@ def test_packed_wgmma_gemm_split_k_and_cuda_graph(force_kernel):
         assert rel_err(gemm_replayed(a, b, new), dequantize_f64(new) @ dequantize_f64(b).t()) < 1e-2, name
 
 
+def test_packed_rs_split_k_of_every_size(force_kernel):
+    """gemm_packed_rs with every split of K the rule can take (2 to 8), tails in M and N, the scale
+    combinations in turn, fp32 output: right, and the same bits from call to call."""
+    from fp4gen.cuda.manifest import load_manifest
+    from fp4gen.cuda.ops import _multiprocessors
+    from fp4gen.cuda.select import split_k
+    k = 4096  # 64 k-tiles: splits of up to 8 keep 8 k-tiles each
+    names = [name for name in packed_wgmma_kernels(torch.float32) if "packedrs" in name]
+    assert names, "no gemm_packed_rs kernel built"
+    for name in names:
+        force_kernel(name)
+        facts = load_manifest()["kernels"][name]["facts"]
+        tile_m, tile_n = facts["tile_m"], facts["tile_n"]
+        m = tile_m - 3 if tile_m > 16 else 13  # one tile row with a tail
+        seen = {}
+        for tiles_n in range(1, 300):  # the first N-tile count that gives each split
+            splits = split_k(tile_m, tile_n, m, tiles_n * tile_n, k // 64, _multiprocessors(0),
+                             facts["split_ctas_per_multiprocessor"])
+            seen.setdefault(splits, tiles_n)
+        assert set(range(2, 9)) <= set(seen), (name, seen)
+        for splits in range(2, 9):
+            n = seen[splits] * tile_n - 5  # a tail in the last tile
+            a_row, b_row = SCALES[splits % 4]
+            a, b = operand(m, k, a_row, 50 + splits), operand(n, k, b_row, 60 + splits)
+            first, second = fp4gen.gemm(a, b, out_dtype=torch.float32), fp4gen.gemm(a, b, out_dtype=torch.float32)
+            assert torch.equal(first, second), (name, splits)  # added in split order
+            assert rel_err(first, dequantize_f64(a) @ dequantize_f64(b).t()) < 1e-5, (name, splits)
+
+
 def test_autotune_measures_once_per_shape_class_and_never_in_a_graph(monkeypatch, tmp_path):
     from fp4gen.cuda import autotune, ops
     monkeypatch.setenv("FP4GEN_AUTOTUNE", "1")

@@ -4,7 +4,7 @@
 // (no bias term when bias is null), where A and B hold block-scaled values e2m1 * e4m3 (docs/numerics.md,
 // dequantization, without the amax factor).
 //
-// Why: when M is small the GEMM is bound by reading B. The wgmma family reads B as bf16 scratch that a
+// Why: when M is small the GEMM is bound by reading B. The wgmma family reads B as 16-bit scratch that a
 // separate pass wrote (4 bytes of traffic per element, plus 0.5 to read the codes); this kernel reads the
 // 0.5625 bytes of codes and scales once, so one tile row covering M streams B at close to DRAM speed.
 //

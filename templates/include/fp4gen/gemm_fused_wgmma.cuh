@@ -5,7 +5,7 @@
 // dequantization it shares; what differs is the multiply, and A.
 //
 // Why: the mma.sync kernel issues its MMAs from the same warps that dequantize, and mma.sync reaches only
-// part of Hopper's tensor-core rate; the wgmma family reads bf16 scratch that a separate pass wrote. Here
+// part of Hopper's tensor-core rate; the wgmma family reads 16-bit scratch that a separate pass wrote. Here
 // one warp group per 64 rows of the tile issues asynchronous wgmma (fp16 in, fp32 accumulate, both operands
 // from shared memory) for k-tile kt and, while the tensor cores run it, stages k-tile kt + kStages and
 // dequantizes B's k-tile kt + 1 into the other fp16 buffer.

@@ -1,9 +1,14 @@
 // Hopper NVFP4 GEMM over scratch operands (docs/numerics.md, how Hopper runs NVFP4): one library call
-// dequantizes both packed operands to their block-scaled values (E2M1 * E4M3, exact in bf16, without the
-// second-level amax) into bf16 scratch in the caller's workspace, then a CUTLASS SM90 bf16 TMA warp-specialized
-// GEMM accumulates in fp32, and the bilateral epilogue (bilateral_epilogue.hpp) applies
-// alpha * row_amax[i] * col_amax[j], alpha = fl(1 / 2688^2) from the caller, plus beta * C. (The copies in the
-// same call, not two calls of the dequantize library before it: each library call costs host time.)
+// dequantizes both packed operands to their block-scaled values (E2M1 * E4M3, without the second-level amax)
+// times 2^-14, exact in fp16, into fp16 scratch in the caller's workspace (fused_wgmma::dequantize_rows: both
+// operands in the same order within each 16-element block, so every dot product is unchanged), then a CUTLASS
+// SM90 fp16 TMA warp-specialized GEMM accumulates in fp32, and the bilateral epilogue (bilateral_epilogue.hpp)
+// applies alpha * row_amax[i] * col_amax[j], alpha = fl(1 / 2688^2) from the caller times 2^28 (the operands'
+// two 2^-14 factors: an exact power of two), plus beta * C. (The copies in the same call, not two calls of
+// the dequantize library before it: each library call costs host time.)
+// Why fp16 rather than bf16 copies: the fp16 bits of e2m1 * 2^-14 are the code's bits moved into place, and one
+// fp16 multiplication by the scale finishes the value, where a bf16 copy needs fp32 arithmetic an element (see
+// dequantize.cuh). The GEMM itself runs at the same rate in either type.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -16,13 +21,13 @@
 #include "fp4gen/abi.h"
 #include "fp4gen/cutlass_run.hpp"
 #include "fp4gen/bilateral_epilogue.hpp"
-#include "fp4gen/dequantize.cuh"
+#include "fp4gen/gemm_fused_wgmma.cuh"  // fused_wgmma::dequantize_rows
 
 namespace fp4gen {
 
 template <class ElementD_, int kTileM, int kTileN, int kTileK, bool kPingpong, int kClusterM, int kClusterN>
 struct Sm90BilateralGemm {
-  using ElementAB = cutlass::bfloat16_t;
+  using ElementAB = cutlass::half_t;
   using ElementD = ElementD_;
   using ElementC = ElementD_;
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
@@ -33,6 +38,8 @@ struct Sm90BilateralGemm {
   using EpilogueSchedule = std::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
                                               cutlass::epilogue::TmaWarpSpecializedCooperative>;
   static constexpr int kAlignAB = 16 / sizeof(ElementAB), kAlignCD = 16 / sizeof(ElementD);
+  // 2^28: the two fp16 operands' 2^-14 factors (fused_gemm::decode8), undone through alpha
+  static constexpr float kAlphaUnscale = 268435456.0f;
 
   using Epilogue = BilateralEpilogue<TileShape, ElementD>;
 
@@ -50,7 +57,7 @@ struct Sm90BilateralGemm {
                                                       CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // A [M, K] and B [N, K]: the contiguous bf16 scratch copies (a stand-in address where only the shape matters);
+  // A [M, K] and B [N, K]: the contiguous fp16 scratch copies (a stand-in address where only the shape matters);
   // C, D [M, N] row-major (ldc, ldd).
   static typename Gemm::Arguments arguments(const void* a, const void* b, const void* c, void* d,
                                             const float* row_amax, const float* col_amax, const float* bias,
@@ -69,8 +76,8 @@ struct Sm90BilateralGemm {
         {static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1},
         {static_cast<const ElementAB*>(a), stride_a, static_cast<const ElementAB*>(b), stride_b},
         {{}, static_cast<const ElementC*>(c), stride_c, static_cast<ElementD*>(d), stride_d}};
-    Epilogue::set_arguments(args.epilogue.thread, row_amax, col_amax, bias, alpha, beta, row_is_vector,
-                            col_is_vector);
+    Epilogue::set_arguments(args.epilogue.thread, row_amax, col_amax, bias, alpha * kAlphaUnscale, beta,
+                            row_is_vector, col_is_vector);
     return args;
   }
 };
@@ -84,7 +91,7 @@ struct Sm90BilateralGemm {
       int64_t n, int64_t k, int64_t lda, int64_t lda_scale, int64_t ldb, int64_t ldb_scale, int64_t b_rows,        \
       int64_t ldc, int64_t ldd, int64_t row_is_vector, int64_t col_is_vector, void *workspace
 
-// The workspace: A's bf16 copy [M, K], then B's [N, K], then CUTLASS's, each at a 256-byte boundary.
+// The workspace: A's fp16 copy [M, K], then B's [N, K], then CUTLASS's, each at a 256-byte boundary.
 struct Sm90Scratch {
   static constexpr int64_t kAlign = 256;
   size_t a_bytes, b_bytes;
@@ -97,6 +104,14 @@ struct Sm90Scratch {
 
 constexpr uintptr_t kShapeOnlyAddress = 256;  // an aligned stand-in for a scratch copy not allocated yet
 
+// What fused_wgmma::dequantize_rows takes of an operand of `rows` rows of k elements: 4-byte loads of codes
+// (rows ld bytes apart), byte loads of scales (ld_scale apart).
+inline int half_copy_can_implement(const uint8_t* codes, int64_t ld, int64_t ld_scale, int64_t rows, int64_t k) {
+  if (rows > 1 && (ld < k / 2 || ld_scale < k / 16)) return kInvalidProblem;
+  if (!aligned(codes, 4) || ld % 4 != 0) return kMisaligned;
+  return kOk;
+}
+
 template <class G>
 int gemm_can_implement(FP4GEN_SM90_GEMM_PARAMS) {
   if (m < 0 || n < 0 || k <= 0 || k % 16 != 0 || m > INT32_MAX || n > INT32_MAX || k > INT32_MAX)
@@ -107,14 +122,11 @@ int gemm_can_implement(FP4GEN_SM90_GEMM_PARAMS) {
   for (const void* p : {c, static_cast<const void*>(d), static_cast<const void*>(bias)})
     if (!aligned(p, 16)) return kMisaligned;
   for (int64_t ld : {ldc, ldd}) if (ld % G::kAlignCD != 0) return kMisaligned;
-  // the copies: what the dequantize kernel takes of each operand
+  // the copies
+  (void)a_scale, (void)b_scale;
   const auto stand_in = reinterpret_cast<void*>(kShapeOnlyAddress);
-  if (const int a_ok = dequantize_can_implement<__nv_bfloat16>(a_codes, a_scale, nullptr, stand_in, m, k, lda,
-                                                                lda_scale, 0, k, 1.0f); a_ok != kOk)
-    return a_ok;
-  if (const int b_ok = dequantize_can_implement<__nv_bfloat16>(b_codes, b_scale, nullptr, stand_in, b_rows, k, ldb,
-                                                                ldb_scale, 0, k, 1.0f); b_ok != kOk)
-    return b_ok;
+  if (const int a_ok = half_copy_can_implement(a_codes, lda, lda_scale, m, k); a_ok != kOk) return a_ok;
+  if (const int b_ok = half_copy_can_implement(b_codes, ldb, ldb_scale, b_rows, k); b_ok != kOk) return b_ok;
   if (m > 0 && n > 0 && workspace == nullptr) return kInvalidProblem;  // no room for the copies
   if (!aligned(workspace, Sm90Scratch::kAlign)) return kMisaligned;
   return cutlass_can_implement<typename G::Gemm>(G::arguments(
@@ -143,13 +155,10 @@ int gemm_run(FP4GEN_SM90_GEMM_PARAMS, cudaStream_t stream) {
   const Sm90Scratch scratch(m, n, k);
   uint8_t* const a16 = scratch.a(workspace);
   uint8_t* const b16 = scratch.b(workspace);
-  // block-scaled values only (no amax: the epilogue applies it), as the dequantize library gives them
-  if (const int done = dequantize_run<__nv_bfloat16>(a_codes, a_scale, nullptr, a16, m, k, lda, lda_scale, 0, k, 1.0f,
-                                                     stream); done != kOk)
-    return done;
-  if (const int done = dequantize_run<__nv_bfloat16>(b_codes, b_scale, nullptr, b16, b_rows, k, ldb, ldb_scale, 0, k,
-                                                     1.0f, stream); done != kOk)
-    return done;
+  // block-scaled values times 2^-14 (no amax: the epilogue applies it)
+  fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a16, stream);
+  fused_wgmma::dequantize_rows(b_codes, b_scale, ldb, ldb_scale, b_rows, k, b16, stream);
+  if (const int launched = launch_status(); launched != kOk) return launched;
   if (b_rows < n) {
     const cudaError_t err = cudaMemsetAsync(b16 + b_rows * k * 2, 0, (n - b_rows) * k * 2, stream);
     if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
