@@ -39,9 +39,11 @@ cudaError_t raise_shared_memory_limit() {
 
 // What the adapter's initialize() and run() do, with the shared-memory limit raised once (above): the workspace
 // set up, the kernel parameters made from the arguments (TMA descriptors live in them, so nothing is cached
-// between calls), the launch. A CUDA error of the launch wins over CUTLASS's own status.
+// between calls), the launch. A CUDA error of the launch wins over CUTLASS's own status. `programmatic`
+// launches the kernel as the programmatic dependent of the kernel before it: only for kernels built with
+// CUTLASS's grid dependency control (CUTLASS_ENABLE_GDC_FOR_SM90), which then wait for it before they read.
 template <class Gemm>
-int cutlass_run(typename Gemm::Arguments const& args, void* workspace, cudaStream_t stream) {
+int cutlass_run(typename Gemm::Arguments const& args, void* workspace, cudaStream_t stream, bool programmatic = false) {
   using Kernel = typename Gemm::GemmKernel;
   if (Kernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess)
     return kInvalidProblem;
@@ -50,7 +52,7 @@ int cutlass_run(typename Gemm::Arguments const& args, void* workspace, cudaStrea
     cudaGetLastError();  // clear it: the status carries it
     return kCudaErrorBase + static_cast<int>(err);
   }
-  const cutlass::Status status = Gemm::run(params, stream);
+  const cutlass::Status status = Gemm::run(params, stream, nullptr, programmatic);
   const int cuda = launch_status();
   if (cuda != kOk) return cuda;
   return status == cutlass::Status::kSuccess ? kOk : kInvalidProblem;

@@ -128,9 +128,11 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t
 
 // An operand's block-scaled values as fp16 (each times 2^-14, decode8's order within 16-byte chunks),
 // row-major, k * 2 bytes a row: A's for every GEMM of the family (every CTA of a tile row would otherwise
-// dequantize the same A tile again, N / BN times), and B's where a grouped kernel reads both as fp16.
-// kStacked: the rows come in groups of rows_per_group (stacked expert weights), group g's codes and scales
-// group_stride and scale_group_stride bytes after group g - 1's; the fp16 rows follow one another regardless.
+// dequantize the same A tile again, N / BN times), and both where a CUTLASS GEMM multiplies fp16 copies (the dense
+// scratch path, gemm_sm90.cuh, and the grouped ones). Two operands of the same k go in one launch (one kernel
+// boundary fewer before the GEMM). kStacked: the rows come in groups of rows_per_group (stacked expert weights),
+// group g's codes and scales group_stride and scale_group_stride bytes after group g - 1's; the fp16 rows follow
+// one another regardless.
 //
 // Threads: x along a row's 16-byte output chunks (half a 16-element block each: its 4 code bytes and the block's
 // scale), so that each store instruction of a warp writes 512 contiguous bytes, y along rows; each thread loads
@@ -141,46 +143,66 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t
 // (two stores a thread) was slower still (bench/RESULTS.md, 2026-12-03).
 constexpr int kDequantRowsPerIter = 4, kDequantThreads = 256;
 
+// One operand's rows for dequantize_rows_kernel: `rows` rows of codes (ld bytes apart) and scales (ld_scale
+// apart), into fp16 rows at `half`.
+struct HalfRows {
+  const uint8_t* codes;
+  const uint8_t* scales;
+  int64_t ld, ld_scale, rows;
+  uint8_t* half;
+};
+
+// kStacked: grid.z walks groups of first.rows rows of `first` (group g's codes and scales group_stride and
+// scale_group_stride bytes after group g - 1's); else grid.z picks the operand, `first` or `second` (two
+// operands of the same k in one launch).
 template <bool kStacked>
-__global__ void __launch_bounds__(kDequantThreads) dequantize_rows_kernel(
-    const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale, int64_t rows, int64_t k, uint8_t* half,
-    int64_t group_stride, int64_t scale_group_stride) {
-  // The dense GEMMs launch as its programmatic dependents (launch_half_a_gemm): let them launch now; they wait
-  // for this kernel's end before they read `half`. Launched plainly itself, it follows what wrote its input.
+__global__ void __launch_bounds__(kDequantThreads) dequantize_rows_kernel(HalfRows first, HalfRows second, int64_t k,
+                                                                         int64_t group_stride,
+                                                                         int64_t scale_group_stride) {
+  // The dense GEMMs launch as its programmatic dependents (launch_half_a_gemm, gemm_sm90.cuh): let them launch
+  // now; they wait for this kernel's end before they read `half`. Launched plainly itself, it follows what
+  // wrote its input.
   asm volatile("griddepcontrol.launch_dependents;");
   const int64_t chunk = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (chunk >= k / 8) return;
+  HalfRows op = first;
   if constexpr (kStacked) {  // grid.z walks the groups of `rows` rows
     const int64_t group = blockIdx.z;
-    codes += group * group_stride, scales += group * scale_group_stride, half += group * rows * k * 2;
+    op.codes += group * group_stride, op.scales += group * scale_group_stride, op.half += group * op.rows * k * 2;
+  } else if (blockIdx.z == 1) {
+    op = second;
   }
-  codes += chunk * 4, scales += chunk / 2, half += chunk * 16;
+  const uint8_t* const codes = op.codes + chunk * 4;
+  const uint8_t* const scales = op.scales + chunk / 2;
+  uint8_t* const half = op.half + chunk * 16;
+  const int64_t rows = op.rows, ld = op.ld, ld_scale = op.ld_scale;
   const int64_t row_step = blockDim.y, iter_step = static_cast<int64_t>(gridDim.x) * blockDim.y * kDequantRowsPerIter;
-  for (int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.y * kDequantRowsPerIter + threadIdx.y; first < rows;
-       first += iter_step) {
+  for (int64_t first_row = static_cast<int64_t>(blockIdx.x) * blockDim.y * kDequantRowsPerIter + threadIdx.y;
+       first_row < rows; first_row += iter_step) {
     uint32_t packed[kDequantRowsPerIter], scale[kDequantRowsPerIter];
 #pragma unroll
     for (int r = 0; r < kDequantRowsPerIter; ++r) {
-      const int64_t row = first + r * row_step;
+      const int64_t row = first_row + r * row_step;
       if (row < rows) packed[r] = *reinterpret_cast<const uint32_t*>(codes + row * ld), scale[r] = scales[row * ld_scale];
     }
 #pragma unroll
     for (int r = 0; r < kDequantRowsPerIter; ++r) {
-      const int64_t row = first + r * row_step;
+      const int64_t row = first_row + r * row_step;
       if (row >= rows) break;
       *reinterpret_cast<uint4*>(half + row * k * 2) = fused_gemm::dequantize_half_block(packed[r], scale[r]);
     }
   }
 }
 
-// Launches dequantize_rows_kernel over `groups` groups of rows x k (stacked when kStacked) on `stream`: 256
-// threads or a little fewer, as many along a row as it has chunks (a row wider than 256 chunks split evenly
-// between CTAs, in whole warps), and about two waves of CTAs of the current device.
+// Launches dequantize_rows_kernel on `stream` over `groups` groups of first.rows x k (kStacked), or over
+// `first` and `second` (second.rows may be 0: one operand): 256 threads or a little fewer, as many along a row
+// as it has chunks (a row wider than 256 chunks split evenly between CTAs, in whole warps), and about two waves
+// of CTAs of the current device.
 template <bool kStacked>
-inline void launch_dequantize_rows(const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale,
-                                   int64_t groups, int64_t rows, int64_t k, uint8_t* half, int64_t group_stride,
-                                   int64_t scale_group_stride, cudaStream_t stream) {
+inline void launch_dequantize_rows(const HalfRows& first, const HalfRows& second, int64_t groups, int64_t k,
+                                   int64_t group_stride, int64_t scale_group_stride, cudaStream_t stream) {
   const int64_t chunks_per_row = k / 8;
+  const int64_t rows = kStacked ? first.rows : std::max(first.rows, second.rows);
   if (groups <= 0 || rows <= 0 || chunks_per_row <= 0) return;
   const int64_t col_ctas = (chunks_per_row + kDequantThreads - 1) / kDequantThreads;
   const int64_t per_cta = (chunks_per_row + col_ctas - 1) / col_ctas;
@@ -191,30 +213,43 @@ inline void launch_dequantize_rows(const uint8_t* codes, const uint8_t* scales, 
   constexpr int64_t kCtasPerSm = 8, kWaves = 2, kMaxGridZ = 65535;
   const int64_t row_ctas_needed = (rows + threads_y * kDequantRowsPerIter - 1) / (threads_y * kDequantRowsPerIter);
   const dim3 block(static_cast<unsigned>(threads_x), static_cast<unsigned>(threads_y));
-  for (int64_t g0 = 0; g0 < groups; g0 += kMaxGridZ) {  // grid.z walks the groups, 65535 at most a launch
-    const int64_t launch_groups = std::min(groups - g0, kMaxGridZ);
-    const int64_t row_ctas_wanted = std::max<int64_t>(1, sms * kCtasPerSm * kWaves / (col_ctas * launch_groups));
+  if constexpr (!kStacked) {
+    const int64_t operands = second.rows > 0 ? 2 : 1;
+    const int64_t row_ctas_wanted = std::max<int64_t>(1, sms * kCtasPerSm * kWaves / (col_ctas * operands));
     const dim3 grid(static_cast<unsigned>(std::min(row_ctas_needed, row_ctas_wanted)),
-                    static_cast<unsigned>(col_ctas), static_cast<unsigned>(launch_groups));
-    dequantize_rows_kernel<kStacked><<<grid, block, 0, stream>>>(codes + g0 * group_stride,
-                                                                 scales + g0 * scale_group_stride, ld, ld_scale, rows,
-                                                                 k, half + g0 * rows * k * 2, group_stride,
-                                                                 scale_group_stride);
+                    static_cast<unsigned>(col_ctas), static_cast<unsigned>(operands));
+    dequantize_rows_kernel<false><<<grid, block, 0, stream>>>(first, second, k, 0, 0);
+  } else {
+    for (int64_t g0 = 0; g0 < groups; g0 += kMaxGridZ) {  // grid.z walks the groups, 65535 at most a launch
+      const int64_t launch_groups = std::min(groups - g0, kMaxGridZ);
+      const int64_t row_ctas_wanted = std::max<int64_t>(1, sms * kCtasPerSm * kWaves / (col_ctas * launch_groups));
+      const dim3 grid(static_cast<unsigned>(std::min(row_ctas_needed, row_ctas_wanted)),
+                      static_cast<unsigned>(col_ctas), static_cast<unsigned>(launch_groups));
+      const HalfRows from{first.codes + g0 * group_stride, first.scales + g0 * scale_group_stride, first.ld,
+                          first.ld_scale, first.rows, first.half + g0 * first.rows * k * 2};
+      dequantize_rows_kernel<true><<<grid, block, 0, stream>>>(from, HalfRows{}, k, group_stride, scale_group_stride);
+    }
   }
 }
 
 // Launches dequantize_rows_kernel over rows x k on `stream`.
 inline void dequantize_rows(const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale, int64_t rows,
                             int64_t k, uint8_t* half, cudaStream_t stream) {
-  launch_dequantize_rows<false>(codes, scales, ld, ld_scale, 1, rows, k, half, 0, 0, stream);
+  launch_dequantize_rows<false>(HalfRows{codes, scales, ld, ld_scale, rows, half}, HalfRows{}, 1, k, 0, 0, stream);
+}
+
+// Two operands of the same k in one launch (either may have no rows).
+inline void dequantize_two_operands(const HalfRows& a, const HalfRows& b, int64_t k, cudaStream_t stream) {
+  if (a.rows <= 0) return launch_dequantize_rows<false>(b, HalfRows{}, 1, k, 0, 0, stream);
+  launch_dequantize_rows<false>(a, b, 1, k, 0, 0, stream);
 }
 
 // The same over `groups` stacked groups of rows_per_group rows each (rows_per_group > 0).
 inline void dequantize_stacked_rows(const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale,
                                     int64_t groups, int64_t rows_per_group, int64_t group_stride,
                                     int64_t scale_group_stride, int64_t k, uint8_t* half, cudaStream_t stream) {
-  launch_dequantize_rows<true>(codes, scales, ld, ld_scale, groups, rows_per_group, k, half, group_stride,
-                               scale_group_stride, stream);
+  launch_dequantize_rows<true>(HalfRows{codes, scales, ld, ld_scale, rows_per_group, half}, HalfRows{}, groups, k,
+                               group_stride, scale_group_stride, stream);
 }
 
 // Copies k-tiles of an fp16 operand's rows r0 .. r0 + kRows - 1 (of `rows`, each k elements) into a slot in the

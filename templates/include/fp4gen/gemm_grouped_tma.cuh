@@ -121,10 +121,11 @@ struct TmaGroupedBilateralGemm {
                      cudaStream_t stream) {
     uint8_t* const a_half = o.area;
     uint8_t* const b_half = o.area + b_half_offset(p.m, p.k);
-    fused_wgmma::dequantize_rows(o.a_codes, o.a_scale, o.lda, o.lda_scale, p.m, p.k, a_half, stream);
     if (p.along_k) {
-      fused_wgmma::dequantize_rows(o.b_codes, o.b_scale, o.ldb, o.ldb_scale, p.n, p.k, b_half, stream);
+      fused_wgmma::dequantize_two_operands({o.a_codes, o.a_scale, o.lda, o.lda_scale, p.m, a_half},
+                                           {o.b_codes, o.b_scale, o.ldb, o.ldb_scale, p.n, b_half}, p.k, stream);
     } else {
+      fused_wgmma::dequantize_rows(o.a_codes, o.a_scale, o.lda, o.lda_scale, p.m, p.k, a_half, stream);
       fused_wgmma::dequantize_stacked_rows(o.b_codes, o.b_scale, o.ldb, o.ldb_scale, p.groups, p.n, o.b_group_stride,
                                            o.b_scale_group_stride, p.k, b_half, stream);
     }

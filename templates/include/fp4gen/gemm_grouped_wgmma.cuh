@@ -281,15 +281,16 @@ int grouped_wgmma_run(FP4GEN_GROUPED_GEMM_PARAMS, cudaStream_t stream) {
                                          c_group_stride, d_group_stride, row_amax_group_stride,
                                          col_amax_group_stride, bias_group_stride, reinterpret_cast<int64_t*>(base)};
   uint8_t* const a_half = base + grouped_wgmma::half_a_offset(groups);
-  fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
   constexpr unsigned kThreads = fused_wgmma::Tile<BM, BN>::kThreads;
   if (along_k) {
     uint8_t* const b_half = base + grouped_wgmma::half_b_offset(groups, m, k);
-    fused_wgmma::dequantize_rows(b_codes, b_scale, ldb, ldb_scale, n, k, b_half, stream);
+    fused_wgmma::dequantize_two_operands({a_codes, a_scale, lda, lda_scale, m, a_half},
+                                         {b_codes, b_scale, ldb, ldb_scale, n, b_half}, k, stream);
     const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
                     static_cast<unsigned>(groups));
     kKKernel<<<grid, kThreads, smem, stream>>>(params, group_args, a_half, b_half);
   } else {
+    fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
     grouped_wgmma::row_tiles_kernel<BM><<<1, 32, 0, stream>>>(group_args, m);
     const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM + groups));
     kRowsKernel<<<grid, kThreads, smem, stream>>>(params, group_args, a_half);

@@ -11,6 +11,13 @@
 // dequantize.cuh). The GEMM itself runs at the same rate in either type.
 #pragma once
 
+// CUTLASS's SM90 GEMM kernels wait for the kernel before them (griddepcontrol.wait, before their first load of
+// what it wrote) only when built with this: here the GEMM launches as the programmatic dependent of the
+// operands' copy, so its launch and prologue overlap the copy's end. It must come before any CUTLASS header.
+#ifndef CUTLASS_ENABLE_GDC_FOR_SM90
+#define CUTLASS_ENABLE_GDC_FOR_SM90 1
+#endif
+
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
@@ -21,7 +28,11 @@
 #include "fp4gen/abi.h"
 #include "fp4gen/cutlass_run.hpp"
 #include "fp4gen/bilateral_epilogue.hpp"
-#include "fp4gen/gemm_fused_wgmma.cuh"  // fused_wgmma::dequantize_rows
+#include "fp4gen/gemm_fused_wgmma.cuh"  // fused_wgmma::dequantize_two_operands
+
+#if defined(__CUDA_ARCH__) && !defined(CUTLASS_GDC_ENABLED)
+#error "the GEMM launches as a programmatic dependent: its kernel must wait for the copy (CUTLASS_GDC_ENABLED)"
+#endif
 
 namespace fp4gen {
 
@@ -156,16 +167,18 @@ int gemm_run(FP4GEN_SM90_GEMM_PARAMS, cudaStream_t stream) {
   uint8_t* const a16 = scratch.a(workspace);
   uint8_t* const b16 = scratch.b(workspace);
   // block-scaled values times 2^-14 (no amax: the epilogue applies it)
-  fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a16, stream);
-  fused_wgmma::dequantize_rows(b_codes, b_scale, ldb, ldb_scale, b_rows, k, b16, stream);
+  fused_wgmma::dequantize_two_operands({a_codes, a_scale, lda, lda_scale, m, a16},
+                                       {b_codes, b_scale, ldb, ldb_scale, b_rows, b16}, k, stream);
   if (const int launched = launch_status(); launched != kOk) return launched;
   if (b_rows < n) {
     const cudaError_t err = cudaMemsetAsync(b16 + b_rows * k * 2, 0, (n - b_rows) * k * 2, stream);
     if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
   }
+  // The GEMM as the programmatic dependent of the copy kernel (which releases it as it starts), unless a memset
+  // of B's missing rows comes between them.
   return cutlass_run<typename G::Gemm>(G::arguments(a16, b16, c, d, row_amax, col_amax, bias, alpha, beta, m, n, k,
                                                     ldc, ldd, row_is_vector, col_is_vector),
-                                       scratch.gemm(workspace), stream);
+                                       scratch.gemm(workspace), stream, /*programmatic=*/b_rows == n);
 }
 
 }  // namespace fp4gen
