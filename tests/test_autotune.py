@@ -52,6 +52,7 @@ def dispatcher(monkeypatch, tmp_path, manifest_with_new_tile):
     monkeypatch.setattr(ops, "load_manifest", lambda: manifest_with_new_tile)
     monkeypatch.setattr(ops, "load_kernel", lambda name: SimpleNamespace(name=name))
     monkeypatch.setattr(ops, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(ops, "_multiprocessors", lambda index: 132)
     monkeypatch.setattr(ops, "_time_gemm", stub_time)
     monkeypatch.setattr(ops, "_measuring_forbidden", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Pretend H200")
@@ -69,7 +70,7 @@ def dispatcher(monkeypatch, tmp_path, manifest_with_new_tile):
 
 
 def rule(m, n, k, manifest):
-    return select(Problem("gemm", (9, 0), {"out_dtype": "bfloat16"}, {}, k, m), manifest)
+    return select(Problem("gemm", (9, 0), {"out_dtype": "bfloat16"}, {}, k, m, {}, n, 132), manifest)
 
 
 def test_a_tile_added_in_yaml_is_used_where_it_measures_fastest(dispatcher, manifest_with_new_tile):

@@ -305,6 +305,26 @@ def test_gemm_tile_choice_follows_m():
     assert chosen(200, cols=48).endswith("t128x256x64_coop_cl2x1_sm90a")
 
 
+def test_gemm_scratch_tile_fills_the_device():
+    """With N and the device's multiprocessors known, the scratch-path tiles that make at least half as many
+    output tiles as there are multiprocessors come first (the tallest of them); if none does, the smallest."""
+    def chosen(m, n, sms=132):
+        return select(_problem(op="gemm", rows=m, cols=1024, pointers={}, n=n, multiprocessors=sms), MANIFEST)
+    # 1024 x 1024: 32 tiles of 128x256 for 132 multiprocessors, 128 of 64x128
+    assert chosen(1024, 1024).endswith("t64x128x64_pingpong_sm90a")
+    assert chosen(512, 4096).endswith("t64x128x64_pingpong_sm90a")  # 64 tiles of 128x256
+    # 128 tiles of 128x256 and more fill it
+    assert chosen(1024, 4096).endswith("t128x256x64_coop_cl2x1_sm90a")
+    assert chosen(4096, 1024).endswith("t128x256x64_coop_cl2x1_sm90a")
+    assert chosen(8192, 8192).endswith("t128x256x64_coop_cl2x1_sm90a")
+    # fewer multiprocessors: 32 tiles fill half of 64
+    assert chosen(1024, 1024, sms=64).endswith("t128x256x64_coop_cl2x1_sm90a")
+    # nothing fills: the smallest tile, the most CTAs
+    assert chosen(300, 256).endswith("t64x128x64_pingpong_sm90a")
+    # N unknown: the tallest, as before
+    assert chosen(1024, 0).endswith("t128x256x64_coop_cl2x1_sm90a")
+
+
 def test_split_k_fills_the_gpu_for_small_m_only():
     from fp4gen.cuda.select import split_k
     assert split_k(16, 64, 16, 8192, 128, 132, 3) == 3  # 128 tiles: three splits give three CTAs per SM

@@ -34,9 +34,9 @@ def _multiprocessors(device_index: int) -> int:
 
 
 def _problem(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointers=None, values=None,
-             rows: int = 0) -> Problem:
+             rows: int = 0, n: int = 0) -> Problem:
     return Problem(op, _capability(device.index), {axis: _dtype_name(d) for axis, d in dtypes.items()},
-                   values or {}, cols, rows, pointers or {})
+                   values or {}, cols, rows, pointers or {}, n, _multiprocessors(device.index) if n else 0)
 
 
 _PLANS = {}  # plan key -> loaded kernel: a hit costs building one tuple and one dict lookup
@@ -44,19 +44,20 @@ _QUANTIZE_PLANS = {}  # (device, dtype, shape, row stride, x's alignment, the ca
 
 
 def _kernel_for(op: str, device: torch.device, dtypes: dict, cols: int = 0, pointers=None, values=None,
-                rows: int = 0):
+                rows: int = 0, n: int = 0):
     """select() + load_kernel(), memoised on everything that decides the choice: the operation, device (hence
     arch), dtypes and spec values, and the rules' inputs (cols modulo 256, which covers every
     `cols_multiple_of`; rows up to the rule's largest M threshold plus one, so that M = 256 and larger M do not
-    share a plan; addresses modulo 16). The key keeps the dicts' insertion order, which each call site fixes,
-    so a hit needs no sorting and no Problem."""
+    share a plan, and with a GEMM's N the exact M and N, which decide how many tiles fill the device; addresses
+    modulo 16). The key keeps the dicts' insertion order, which each call site fixes, so a hit needs no sorting
+    and no Problem."""
     key = (op, device.index, *dtypes.items(), *(values.items() if values else ()), cols % 256,
-           min(rows, PACKED_WGMMA_MAX_ROWS + 1))
+           (rows, n) if n else min(rows, PACKED_WGMMA_MAX_ROWS + 1))
     if pointers:
         key += tuple((arg, address % 16) for arg, address in pointers.items())
     kernel = _PLANS.get(key)
     if kernel is None:
-        problem = _problem(op, device, dtypes, cols, pointers, values, rows)
+        problem = _problem(op, device, dtypes, cols, pointers, values, rows, n)
         kernel = _PLANS[key] = load_kernel(select(problem, load_manifest()))
     return kernel
 
@@ -558,7 +559,7 @@ def _choose_gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, meas
     pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
                 "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
     bucket = autotune.m_bucket(m)
-    rule = _kernel_for("gemm", a.device, {"out_dtype": out_dtype}, k, pointers, rows=m)
+    rule = _kernel_for("gemm", a.device, {"out_dtype": out_dtype}, k, pointers, rows=m, n=n)
     if forced_kernels() or not autotune.enabled():
         return rule, True
     cache = _tuning_cache(a.device)
@@ -568,7 +569,7 @@ def _choose_gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, meas
     if name is None:
         if not measure or _measuring_forbidden():
             return rule, False  # not remembered: an eager call measures it later
-        problem = _problem("gemm", a.device, {"out_dtype": out_dtype}, k, pointers, rows=m)
+        problem = _problem("gemm", a.device, {"out_dtype": out_dtype}, k, pointers, rows=m, n=n)
         candidates = viable(problem, load_manifest())
         name, times = autotune.choose(
             candidates, lambda candidate: _time_gemm(load_kernel(candidate), a, b, out_dtype, accumulate))
