@@ -58,7 +58,8 @@ def _kernel_for(op: str, device: torch.device, dtypes: dict, cols: int = 0, poin
     kernel = _PLANS.get(key)
     if kernel is None:
         problem = _problem(op, device, dtypes, cols, pointers, values, rows, n)
-        kernel = _PLANS[key] = load_kernel(select(problem, load_manifest()))
+        # bounded: GEMM keys carry M, and a token count may never repeat
+        kernel = remember(_PLANS, key, load_kernel(select(problem, load_manifest())))
     return kernel
 
 
