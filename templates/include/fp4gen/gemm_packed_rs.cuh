@@ -23,6 +23,7 @@
 
 #include <cute/arch/mma_sm90.hpp>
 
+#include "fp4gen/cluster.cuh"
 #include "fp4gen/gemm_fused_wgmma.cuh"
 
 namespace fp4gen {
@@ -52,6 +53,10 @@ struct Tile {
   static constexpr int kCodeStageBytes = BN * (kCodeBytes + kScaleBytes);
   static constexpr int kASlotBytes = BM * kHalfRowBytes;  // whole 1024-byte groups
   static constexpr int kSmemBytes = kSwizzleBytes + kStages * (kASlotBytes + kCodeStageBytes);
+  // Split K in a cluster: the tile's partial sums, [BM][kSumsPitch] fp32 over the stages after the mainloop; the
+  // pitch puts the four rows (2 (lane % 4)) that a warp's store touches at once in distinct banks.
+  static constexpr int kSumsPitch = BN + 4;
+  static_assert(BM * kSumsPitch * 4 <= kStages * (kASlotBytes + kCodeStageBytes), "the partial sums fit");
 };
 
 // wgmma m64 x BM x k16, fp16 "A" (here B's rows) from registers, fp16 "B" (A's rows) K-major in shared memory.
@@ -228,28 +233,87 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
 
   // acc holds D^T: value i of a thread is B row `row` + 8 * (i / 2 % 2) (D's column) and A row
   // 8 * (i / 4) + 2 * (lane % 4) + i % 2 (D's row).
-  float* const partials = p.partials + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
+  if (p.split_k == 1 || cluster_ctas() == 1) {
+    float* const partials = p.partials + static_cast<int64_t>(blockIdx.z) * p.m * p.n;
 #pragma unroll
-  for (int i = 0; i < BM / 2; ++i) {
-    const int64_t col = n0 + row + 8 * (i / 2 % 2);
-    const int64_t r = m0 + 8 * (i / 4) + 2 * (lane & 3) + i % 2;
-    if (r >= p.m || col >= p.n) continue;
-    const float v = acc[i] * fused_gemm::kAccumulatorUnscale;  // the fp16 operands each carry 2^-14
-    if (p.split_k == 1) {
-      fused_gemm::store_epilogue<OutT>(p, r, col, v);
-    } else {
-      partials[r * p.n + col] = v;
+    for (int i = 0; i < BM / 2; ++i) {
+      const int64_t col = n0 + row + 8 * (i / 2 % 2);
+      const int64_t r = m0 + 8 * (i / 4) + 2 * (lane & 3) + i % 2;
+      if (r >= p.m || col >= p.n) continue;
+      const float v = acc[i] * fused_gemm::kAccumulatorUnscale;  // the fp16 operands each carry 2^-14
+      if (p.split_k == 1) {
+        fused_gemm::store_epilogue<OutT>(p, r, col, v);
+      } else {
+        partials[r * p.n + col] = v;
+      }
     }
+    return;
   }
+  // Split K in a cluster (packed_rs_run: two splits, 64 rows or more): the tile's CTAs are one cluster, rank = split. Each puts its
+  // partial sums into its own shared memory (the pipeline's, idle now), then takes half the tile's elements and
+  // adds both ranks' sums in split order through distributed shared memory, for the epilogue: the same sums as
+  // split_k_epilogue_kernel's, with no partial sums in global memory and no kernel after this one.
+  __syncthreads();  // every warp group's wgmma done with the shared memory
+  float* const sums = reinterpret_cast<float*>(a_slots);  // [BM][T::kSumsPitch]
+#pragma unroll
+  for (int i = 0; i < BM / 2; ++i)
+    sums[(8 * (i / 4) + 2 * (lane & 3) + i % 2) * T::kSumsPitch + row + 8 * (i / 2 % 2)] =
+        acc[i] * fused_gemm::kAccumulatorUnscale;
+  cluster_arrive();
+  cluster_wait();  // every rank's partial sums are visible
+  const int splits = static_cast<int>(cluster_ctas()), share = (BM * BN + splits - 1) / splits;
+  const int begin = static_cast<int>(cluster_rank()) * share, end = min(BM * BN, begin + share);
+  for (int e = begin + tid; e < end; e += T::kThreads) {  // consecutive threads: consecutive columns
+    const int local_row = e / BN, local_col = e % BN;
+    const int64_t r = m0 + local_row, col = n0 + local_col;
+    if (r >= p.m || col >= p.n) continue;
+    const float* const slot = sums + local_row * T::kSumsPitch + local_col;
+    float sum = load_cluster_shared(slot, 0);
+    for (int s = 1; s < splits; ++s) sum += load_cluster_shared(slot, s);
+    fused_gemm::store_epilogue<OutT>(p, r, col, sum);
+  }
+  cluster_arrive();
+  cluster_wait();  // no rank exits while another may still read its shared memory
 }
 
 }  // namespace packed_rs
 
+// Split K in two runs as one cluster a tile, summed on chip, for tiles of 64 rows or more; other splits, and the
+// 16-row tile, write partial sums for split_k_epilogue_kernel. (On the H200, bench/RESULTS.md, 2026-12-04:
+// clusters of two took 4-6% off M = 128 and 256 calls that the rule splits in two, and made the 16-row tile's
+// 1-3% slower; clusters of 4 and 8 CTAs of this kernel's shape did not all fit at once, 62 of 4 and 30 of 8
+// against the 64 and 32 that 8192 x 8192 and 4096 x 14336 need at M <= 128, and ran 1.5-1.6x slower.)
+constexpr int64_t kPackedRsClusterSplit = 2;
+
 template <int BM, int BN, int kCtas, class OutT>
 int packed_rs_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   using T = packed_rs::Tile<BM, BN>;
-  return launch_half_a_gemm<BM, BN, OutT, packed_rs::gemm_kernel<BM, BN, kCtas, OutT>, T::kThreads, T::kSmemBytes>(
-      FP4GEN_FUSED_GEMM_ARGS, stream);
+  constexpr auto kKernel = packed_rs::gemm_kernel<BM, BN, kCtas, OutT>;
+  if (split_k != kPackedRsClusterSplit || BM < 64)
+    return launch_half_a_gemm<BM, BN, OutT, kKernel, T::kThreads, T::kSmemBytes>(FP4GEN_FUSED_GEMM_ARGS, stream);
+  const int status = fused_wgmma_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
+  if (status != kOk) return status;
+  if (m == 0 || n == 0) return kOk;
+  if (const int opted = opt_in_shared_bytes_here<kKernel>(T::kSmemBytes); opted != kOk) return opted;
+  const fused_gemm::Params params = fused_gemm::make_params(FP4GEN_FUSED_GEMM_ARGS);
+  uint8_t* const a_half = static_cast<uint8_t*>(workspace) + fused_wgmma::half_a_offset(FP4GEN_FUSED_GEMM_ARGS);
+  fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
+                        static_cast<unsigned>(split_k));
+  config.blockDim = dim3(T::kThreads);
+  config.dynamicSmemBytes = T::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // the copy's dependent, as above
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = 1, attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = static_cast<unsigned>(split_k);
+  config.attrs = attributes;
+  config.numAttrs = 2;
+  cudaLaunchKernelEx(&config, kKernel, params, static_cast<const uint8_t*>(a_half));
+  return launch_status();
 }
 
 }  // namespace fp4gen

@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "fp4gen/abi.h"
+#include "fp4gen/cluster.cuh"
 #include "fp4gen/elements.cuh"
 #include "fp4gen/hadamard.cuh"
 #include "fp4gen/nvfp4.cuh"
@@ -47,23 +48,6 @@ constexpr int kRhtLaneCols = 8;                                // a 16-byte vect
 constexpr int kRhtCtaCols = kRhtCtaWarps * 32 * kRhtLaneCols;  // 2048
 // Rows of up to this many elements: a portable cluster (8 CTAs) holds a 16-row panel.
 constexpr int64_t kRhtMaxCols = int64_t{kRhtCtaCols} * kRhtMaxCluster;
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-
-// A word of another CTA's shared memory in the cluster (ld.shared::cluster at the mapped address).
-__device__ __forceinline__ uint32_t load_cluster_shared(const uint32_t* local, uint32_t rank) {
-  uint32_t address, value;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(address) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
-  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(value) : "r"(address) : "memory");
-  return value;
-}
-
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 template <class InT, bool kHardwareCvt>
 __global__ void __launch_bounds__(32 * kRhtCtaWarps, 2)
@@ -82,8 +66,7 @@ __global__ void __launch_bounds__(32 * kRhtCtaWarps, 2)
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, q = lane % 2;
   const uint32_t rank = cluster_rank();
-  uint32_t ctas;  // CTAs of the cluster
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(ctas));
+  const uint32_t ctas = cluster_ctas();
   const int64_t r0 = int64_t{blockIdx.x / ctas} * kRhtPanelRows;
   const int64_t cta_col0 = int64_t{rank} * (32 * warps * kRhtLaneCols);
   const int64_t col = cta_col0 + threadIdx.x * kRhtLaneCols;
