@@ -22,7 +22,8 @@ __device__ __forceinline__ uint32_t cluster_ctas() {
 // mapped address).
 __device__ __forceinline__ uint32_t load_cluster_shared(const uint32_t* local, uint32_t rank) {
   uint32_t address, value;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(address) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
+  const uint32_t shared = static_cast<uint32_t>(__cvta_generic_to_shared(local));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(address) : "r"(shared), "r"(rank));
   asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(value) : "r"(address) : "memory");
   return value;
 }
@@ -31,7 +32,9 @@ __device__ __forceinline__ float load_cluster_shared(const float* local, uint32_
 }
 
 // arrive releases this thread's earlier shared-memory writes to the cluster; wait acquires every CTA's.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 }  // namespace fp4gen

@@ -249,10 +249,11 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
     }
     return;
   }
-  // Split K in a cluster (packed_rs_run: two splits, 64 rows or more): the tile's CTAs are one cluster, rank = split. Each puts its
-  // partial sums into its own shared memory (the pipeline's, idle now), then takes half the tile's elements and
-  // adds both ranks' sums in split order through distributed shared memory, for the epilogue: the same sums as
-  // split_k_epilogue_kernel's, with no partial sums in global memory and no kernel after this one.
+  // Split K in a cluster (packed_rs_run: two splits, tiles of 64 rows or more): the tile's CTAs are one cluster,
+  // rank = split. Each puts its partial sums into its own shared memory (the pipeline's, idle now), then takes
+  // half the tile's elements and adds both ranks' sums in split order through distributed shared memory, for
+  // the epilogue: the same sums as split_k_epilogue_kernel's, with no partial sums in global memory and no
+  // kernel after this one.
   __syncthreads();  // every warp group's wgmma done with the shared memory
   float* const sums = reinterpret_cast<float*>(a_slots);  // [BM][T::kSumsPitch]
 #pragma unroll
@@ -305,7 +306,7 @@ int packed_rs_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   config.dynamicSmemBytes = T::kSmemBytes;
   config.stream = stream;
   cudaLaunchAttribute attributes[2]{};
-  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // the copy's dependent, as above
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // A's copy releases it as it starts
   attributes[0].val.programmaticStreamSerializationAllowed = 1;
   attributes[1].id = cudaLaunchAttributeClusterDimension;
   attributes[1].val.clusterDim.x = 1, attributes[1].val.clusterDim.y = 1;
