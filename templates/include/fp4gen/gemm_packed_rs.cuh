@@ -76,6 +76,20 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t shifted, __half2 scale)
   return fused_gemm::scale_pair(((shifted << 9) & 0x0E000E00u) | ((shifted << 12) & 0x80008000u), scale);
 }
 
+// The four E4M3 block scales of a k-tile's row (block i in byte i of the word), each as a half2 holding it twice:
+// two conversions of two scales each and a byte permute a scale, where e4m3_to_half2 takes an extract, a multiply
+// and a conversion a scale (the same values: every E4M3 value is an fp16 value). On the H200 that made the calls
+// 3-7% faster at M = 8-256 (bench/RESULTS.md, 2026-12-04): the decode issues the kernel's time at small M.
+__device__ __forceinline__ void scale_word_to_half2s(uint32_t word, __half2 (&scales)[4]) {
+  const __half2_raw low = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xFFFFu), __NV_E4M3);
+  const __half2_raw high = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), __NV_E4M3);
+  const uint32_t l = *reinterpret_cast<const uint32_t*>(&low), h = *reinterpret_cast<const uint32_t*>(&high);
+  const uint32_t pairs[4] = {__byte_perm(l, 0u, 0x1010), __byte_perm(l, 0u, 0x3232), __byte_perm(h, 0u, 0x1010),
+                             __byte_perm(h, 0u, 0x3232)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) scales[i] = *reinterpret_cast<const __half2*>(&pairs[i]);
+}
+
 // One m64k16 fragment of a thread from one block's code words of its two rows (first and second word of row r,
 // then of row r + 8) and the rows' scales; `shift` selects the thread's quarter of each word (4 * (lane % 4)).
 __device__ __forceinline__ void decode_fragment(uint32_t low0, uint32_t low1, uint32_t high0, uint32_t high1,
@@ -124,28 +138,31 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
     low[1] = reinterpret_cast<const uint4*>(codes + row * kCodeBytes)[1];
     high[0] = reinterpret_cast<const uint4*>(codes + (row + 8) * kCodeBytes)[0];
     high[1] = reinterpret_cast<const uint4*>(codes + (row + 8) * kCodeBytes)[1];
-    const uint32_t low_scales = *reinterpret_cast<const uint32_t*>(scales + row * kScaleBytes);
-    const uint32_t high_scales = *reinterpret_cast<const uint32_t*>(scales + (row + 8) * kScaleBytes);
+    __half2 low_scales[4], high_scales[4];
+    scale_word_to_half2s(*reinterpret_cast<const uint32_t*>(scales + row * kScaleBytes), low_scales);
+    scale_word_to_half2s(*reinterpret_cast<const uint32_t*>(scales + (row + 8) * kScaleBytes), high_scales);
 #pragma unroll
     for (int block = 0; block < 4; ++block) {
       const uint4& l = low[block / 2];
       const uint4& h = high[block / 2];
       const uint32_t l0 = block % 2 ? l.z : l.x, l1 = block % 2 ? l.w : l.y;
       const uint32_t h0 = block % 2 ? h.z : h.x, h1 = block % 2 ? h.w : h.y;
-      const __half2 ls = fused_gemm::e4m3_to_half2((low_scales >> (8 * block)) & 0xFFu);
-      const __half2 hs = fused_gemm::e4m3_to_half2((high_scales >> (8 * block)) & 0xFFu);
-      decode_fragment(l0, l1, h0, h1, ls, hs, shift, fragments[block]);
+      decode_fragment(l0, l1, h0, h1, low_scales[block], high_scales[block], shift, fragments[block]);
     }
   };
-  // decodes block `block` of k-tile `stage` (the thread's two rows) into one fragment
+  // decodes block `block` of k-tile `stage` (the thread's two rows) into one fragment; block 0 first converts the
+  // k-tile's scales of both rows, which blocks 1-3 (decoded next, in order) take from there
+  __half2 low_block_scales[4], high_block_scales[4];
   auto decode_block = [&](int stage, int block, uint32_t (&fragment)[4]) {
     const uint8_t* const codes = stages + stage * T::kCodeStageBytes + block * 8;
-    const uint8_t* const scales = stages + stage * T::kCodeStageBytes + BN * kCodeBytes + block;
+    if (block == 0) {
+      const uint8_t* const scales = stages + stage * T::kCodeStageBytes + BN * kCodeBytes;
+      scale_word_to_half2s(*reinterpret_cast<const uint32_t*>(scales + row * kScaleBytes), low_block_scales);
+      scale_word_to_half2s(*reinterpret_cast<const uint32_t*>(scales + (row + 8) * kScaleBytes), high_block_scales);
+    }
     const uint2 l = *reinterpret_cast<const uint2*>(codes + row * kCodeBytes);
     const uint2 h = *reinterpret_cast<const uint2*>(codes + (row + 8) * kCodeBytes);
-    const __half2 ls = fused_gemm::e4m3_to_half2(scales[row * kScaleBytes]);
-    const __half2 hs = fused_gemm::e4m3_to_half2(scales[(row + 8) * kScaleBytes]);
-    decode_fragment(l.x, l.y, h.x, h.y, ls, hs, shift, fragment);
+    decode_fragment(l.x, l.y, h.x, h.y, low_block_scales[block], high_block_scales[block], shift, fragment);
   };
 
   float acc[BM / 2];
