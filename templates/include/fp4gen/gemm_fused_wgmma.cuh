@@ -438,9 +438,10 @@ int fused_wgmma_can_implement(FP4GEN_FUSED_GEMM_PARAMS) {
 
 // Checks the problem and launches a GEMM that reads A's fp16 copy: A dequantized into the workspace, then
 // kKernel (params, A's fp16 rows) over BM x BN tiles with kThreads threads and kSmemBytes of dynamic shared
-// memory, then with split K the kernel that adds the partial sums.
+// memory, then with split K the kernel that adds the partial sums. With split_in_cluster the split_k CTAs of a
+// tile run as one cluster and kKernel adds their partial sums itself (gemm_packed_rs.cuh): no second kernel.
 template <int BM, int BN, class OutT, auto kKernel, int kThreads, int kSmemBytes>
-int launch_half_a_gemm(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
+int launch_half_a_gemm(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream, bool split_in_cluster = false) {
   const int status = fused_wgmma_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
   if (status != kOk) return status;
   if (m == 0 || n == 0) return kOk;
@@ -452,10 +453,27 @@ int launch_half_a_gemm(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
                   static_cast<unsigned>(split_k));
   // The GEMM and the split-K reduction launch as programmatic dependents, each while the kernel before it runs
   // (both wait for it before they read what it writes): the launch gaps between them overlap work.
-  const int launched = launch_programmatic_dependent(kKernel, grid, dim3(kThreads), kSmemBytes, stream, params,
-                                                     a_half);
-  if (launched != kOk) return launched;
-  if (split_k > 1) fused_gemm::launch_split_k_epilogue<OutT>(params, stream);
+  if (!split_in_cluster || split_k == 1) {
+    const int launched = launch_programmatic_dependent(kKernel, grid, dim3(kThreads), kSmemBytes, stream, params,
+                                                       a_half);
+    if (launched != kOk) return launched;
+    if (split_k > 1) fused_gemm::launch_split_k_epilogue<OutT>(params, stream);
+    return launch_status();
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = 1, attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = static_cast<unsigned>(split_k);
+  config.attrs = attributes;
+  config.numAttrs = 2;
+  cudaLaunchKernelEx(&config, kKernel, params, static_cast<const uint8_t*>(a_half));
   return launch_status();
 }
 

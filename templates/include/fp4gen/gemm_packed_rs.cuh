@@ -306,32 +306,8 @@ constexpr int64_t kPackedRsClusterSplit = 2;
 template <int BM, int BN, int kCtas, class OutT>
 int packed_rs_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   using T = packed_rs::Tile<BM, BN>;
-  constexpr auto kKernel = packed_rs::gemm_kernel<BM, BN, kCtas, OutT>;
-  if (split_k != kPackedRsClusterSplit || BM < 64)
-    return launch_half_a_gemm<BM, BN, OutT, kKernel, T::kThreads, T::kSmemBytes>(FP4GEN_FUSED_GEMM_ARGS, stream);
-  const int status = fused_wgmma_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
-  if (status != kOk) return status;
-  if (m == 0 || n == 0) return kOk;
-  if (const int opted = opt_in_shared_bytes_here<kKernel>(T::kSmemBytes); opted != kOk) return opted;
-  const fused_gemm::Params params = fused_gemm::make_params(FP4GEN_FUSED_GEMM_ARGS);
-  uint8_t* const a_half = static_cast<uint8_t*>(workspace) + fused_wgmma::half_a_offset(FP4GEN_FUSED_GEMM_ARGS);
-  fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
-                        static_cast<unsigned>(split_k));
-  config.blockDim = dim3(T::kThreads);
-  config.dynamicSmemBytes = T::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attributes[2]{};
-  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // A's copy releases it as it starts
-  attributes[0].val.programmaticStreamSerializationAllowed = 1;
-  attributes[1].id = cudaLaunchAttributeClusterDimension;
-  attributes[1].val.clusterDim.x = 1, attributes[1].val.clusterDim.y = 1;
-  attributes[1].val.clusterDim.z = static_cast<unsigned>(split_k);
-  config.attrs = attributes;
-  config.numAttrs = 2;
-  cudaLaunchKernelEx(&config, kKernel, params, static_cast<const uint8_t*>(a_half));
-  return launch_status();
+  return launch_half_a_gemm<BM, BN, OutT, packed_rs::gemm_kernel<BM, BN, kCtas, OutT>, T::kThreads, T::kSmemBytes>(
+      FP4GEN_FUSED_GEMM_ARGS, stream, BM >= 64 && split_k == kPackedRsClusterSplit);
 }
 
 }  // namespace fp4gen
