@@ -46,7 +46,8 @@ struct Tile {
   // decode behind it (overlapped, below); with 64 the serial loop measured faster on the H200 (bench/RESULTS.md).
   static constexpr bool kOverlapDecode = BM >= 128;
   // k-tiles in flight (B's codes and scales, A's fp16 rows): six, four for 128 rows of A so that two CTAs
-  // share a multiprocessor, and twelve for 16 rows, whose small A slots leave room for them (at M = 16 on the
+  // share a multiprocessor (and for 256 rows, whose one CTA a multiprocessor fills the shared memory), and
+  // twelve for 16 rows, whose small A slots leave room for them (at M = 16 on the
   // H200, 12 stages against 6: 17% and 14% faster at N x K = 8192 x 8192 and 4096 x 14336, 5% slower at
   // 14336 x 4096; three or four CTAs a multiprocessor with 6 or 10 stages were no faster; bench/RESULTS.md)
   static constexpr int kStages = BM >= 128 ? 4 : BM <= 16 ? 12 : 6;
