@@ -98,8 +98,8 @@ WGMMA_FUSED_GEMM_TILES = GemmTiles((64, 128), 64, 256, (64,), ("128x256x64", "12
 
 # CTA tiles of the Hopper GEMM for small M that decodes B into wgmma's register fragments (gemm_packed_rs):
 # M rows of A (wgmma N: whole eight-row groups), N = 64 or 128 rows of B (a warp group per 64); two CTAs share
-# a multiprocessor up to M = 128, one above (the 256-row tile's accumulators take 128 registers a thread): the
-# kernels' launch bound too (gemm_packed_rs.cuh checks their shared memory). packed_rs: the
+# a multiprocessor for tiles of up to 128 rows of A, one for 256 rows (whose accumulators take 128 registers a
+# thread): the kernels' launch bound too (gemm_packed_rs.cuh checks their shared memory). packed_rs: the
 # rule ranks them first for small M (select._rank); reads_packed_operands as above.
 PACKED_RS_TILES = GemmTiles((16, 32, 64, 128, 256), 64, 128, (64,), ("128x128x64", "64x128x64", "16x128x64"),
                             facts={"reads_packed_operands": True, "packed_rs": True,
