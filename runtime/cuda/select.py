@@ -47,8 +47,8 @@ PACKED_WGMMA_MAX_ROWS = 256
 # kernel is declared.
 PACKED_RS_MAX_ROWS = 256
 # gemm_packed_rs tiles of more rows than this are the autotuner's alone: the rule ranks them after the others.
-# The 256-row tile (one CTA a multiprocessor, B decoded once up to M = 256) measured 10-14% faster than two
-# 128-row tiles at N = K = 8192 for M = 160-256 on the H200, but 16-23% slower at N x K = 14336 x 4096 and
+# The 256-row tile (one CTA a multiprocessor, B decoded once up to M = 256) measured 8-13% faster than two
+# 128-row tiles at N = K = 8192 for M = 160-256 on the H200, but 14-21% slower at N x K = 14336 x 4096 and
 # 4096 x 14336 (bench/RESULTS.md), with no rule of M, N and K found to tell them apart.
 PACKED_RS_RULE_MAX_TILE_M = 128
 
