@@ -315,6 +315,20 @@ def test_gemm_tile_choice_follows_m():
     assert chosen(200, cols=48).endswith("t128x256x64_coop_cl2x1_sm90a")
 
 
+def test_autotuner_only_tile_leaves_the_rule_unchanged():
+    """Declaring the 256-row gemm_packed_rs tile (an autotuner candidate) changes no choice of the rule, for any
+    M, K, N, device size or output dtype."""
+    without = {**MANIFEST, "kernels": {name: k for name, k in MANIFEST["kernels"].items()
+                                       if not (k["family"] == "gemm_packed_rs" and k["facts"]["tile_m"] == 256)}}
+    assert len(without["kernels"]) == len(MANIFEST["kernels"]) - 2  # bf16 and fp32 out
+    for out_dtype in ("bfloat16", "float32"):
+        for rows in [*range(1, 300, 3), 384, 1000, 4096, 16384]:
+            for k in (64, 1024, 14336):
+                for n, multiprocessors in ((0, 0), (64, 132), (4096, 132), (14336, 132)):
+                    problem = Problem("gemm", (9, 0), {"out_dtype": out_dtype}, {}, k, rows, {}, n, multiprocessors)
+                    assert select(problem, MANIFEST) == select(problem, without), problem
+
+
 def test_gemm_scratch_tile_fills_the_device():
     """With N and the device's multiprocessors known, the scratch-path tiles that make at least half as many
     output tiles as there are multiprocessors come first (the tallest of them); if none does, the smallest."""
