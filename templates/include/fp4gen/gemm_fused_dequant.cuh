@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Params p) {
 // The first steps of a GEMM kernel launched by launch_programmatic_dependent: wait until the kernels before it
 // have finished and their writes are visible, then release the launch of the kernel after it (the split-K
 // reduction, or the next operation's kernel; every fp4gen kernel launched as a programmatic dependent waits
-// likewise before it touches global memory), so that launch overlaps this kernel's work.
+// likewise before it touches what the kernel before it writes), so that launch overlaps this kernel's work.
 __device__ __forceinline__ void wait_for_prerequisites_release_dependents() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");

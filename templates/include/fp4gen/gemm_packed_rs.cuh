@@ -107,7 +107,6 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
   using T = Tile<BM, BN>;
   static_assert(fused_wgmma::ctas_fit_multiprocessor(kCtas, T::kSmemBytes),
                 "the tile's shared memory does not fit kCtas CTAs");
-  fused_gemm::wait_for_prerequisites_release_dependents();  // dequantize_rows' programmatic dependent
   constexpr int kStages = T::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t misalignment = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & (kSwizzleBytes - 1);
@@ -125,6 +124,23 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
   auto stage_k_tile = [&](int stage) {
     b_loader.load_next(stages + stage * T::kCodeStageBytes, tid);
     a_loader.load_next(a_slots + stage * T::kASlotBytes);
+  };
+  // The pipeline's first `ahead` stages. This kernel is dequantize_rows' programmatic dependent and may start
+  // before A's fp16 copy is made, but B was written before dequantize_rows began (it is launched plainly, after
+  // whatever wrote B): B's k-tiles are requested first, as one copy group, then the kernel waits for A's copy
+  // and requests A's (a group a stage, as stage_k_tile's), so that B's first bytes are on their way while the
+  // copy runs (0.5-2% off M = 8-256 calls on the H200, bench/RESULTS.md, 2026-12-04). The group count is one
+  // more than stage_k_tile's alone would give, and the group of B is the oldest, so each cp_async_wait below
+  // still covers both operands of its k-tile.
+  auto fill_pipeline = [&](int ahead) {
+    for (int s = 0; s < ahead; ++s)
+      if (s < k_tiles) b_loader.load_next(stages + s * T::kCodeStageBytes, tid);
+    cp_async_commit();
+    fused_gemm::wait_for_prerequisites_release_dependents();
+    for (int s = 0; s < ahead; ++s) {
+      if (s < k_tiles) a_loader.load_next(a_slots + s * T::kASlotBytes);
+      cp_async_commit();
+    }
   };
 
   // This thread's rows of B within the CTA's BN (its fragment rows r and r + 8) and its quarter of each word.
@@ -178,11 +194,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
     // its own copies and fenced them for wgmma) and every warp group done with k-tile kt - 1, so kt - 1's stage
     // takes k-tile kt + kStages - 1. Then the thread decodes kt, issues its four wgmma and waits for them; the
     // other warp groups' wgmma (two a CTA, and a second CTA) keep the tensor cores busy meanwhile.
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < k_tiles) stage_k_tile(s);
-      cp_async_commit();
-    }
+    fill_pipeline(kStages - 1);
     for (int kt = 0; kt < k_tiles; ++kt) {
       cp_async_wait<kStages - 2>();  // this thread's copies of k-tile kt
       fused_wgmma::fence_async_shared();
@@ -218,11 +230,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
       if (kt + kStages - 2 < k_tiles) stage_k_tile((kt + kStages - 2) % kStages);
       cp_async_commit();
     };
-#pragma unroll
-    for (int s = 0; s < kStages - 2; ++s) {
-      if (s < k_tiles) stage_k_tile(s);
-      cp_async_commit();
-    }
+    fill_pipeline(kStages - 2);
     if (k_tiles > 0) {
       arrive(0);
       decode_block(0, 0, fragments[0]);
