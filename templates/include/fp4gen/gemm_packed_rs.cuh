@@ -129,9 +129,9 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
   // before A's fp16 copy is made, but B was written before dequantize_rows began (it is launched plainly, after
   // whatever wrote B): B's k-tiles are requested first, as one copy group, then the kernel waits for A's copy
   // and requests A's (a group a stage, as stage_k_tile's), so that B's first bytes are on their way while the
-  // copy runs (0.5-2% off M = 8-256 calls on the H200, bench/RESULTS.md, 2026-12-04). The group count is one
-  // more than stage_k_tile's alone would give, and the group of B is the oldest, so each cp_async_wait below
-  // still covers both operands of its k-tile.
+  // copy runs (on the H200, bench/RESULTS.md, 2026-12-04: 1-2% off calls on the 16-row and 256-row tiles, the
+  // others within 0.5%). The group count is one more than stage_k_tile's alone would give, and the group of B is
+  // the oldest, so each cp_async_wait below still covers both operands of its k-tile.
   auto fill_pipeline = [&](int ahead) {
     for (int s = 0; s < ahead; ++s)
       if (s < k_tiles) b_loader.load_next(stages + s * T::kCodeStageBytes, tid);
