@@ -100,10 +100,14 @@ WGMMA_FUSED_GEMM_TILES = GemmTiles((64, 128), 64, 256, (64,), ("128x256x64", "12
 # M rows of A (wgmma N: whole eight-row groups), N = 64 or 128 rows of B (a warp group per 64); two CTAs share
 # a multiprocessor for tiles of up to 128 rows of A, one for 256 rows (whose accumulators take 128 registers a
 # thread): the kernels' launch bound too (gemm_packed_rs.cuh checks their shared memory). packed_rs: the
-# rule ranks them first for small M (select._rank); reads_packed_operands as above.
+# rule ranks them first for small M (select._rank); reads_packed_operands as above. rule_candidate: whether the
+# deterministic rule may take the tile; the 256-row tile is the autotuner's alone (on the H200 8-13% faster than
+# two 128-row tiles at N = K = 8192 for M = 160-256, 14-21% slower at N x K = 14336 x 4096 and 4096 x 14336, with
+# no rule of M, N and K found to tell them apart; bench/RESULTS.md, 2026-12-04).
 PACKED_RS_TILES = GemmTiles((16, 32, 64, 128, 256), 64, 128, (64,), ("128x128x64", "64x128x64", "16x128x64"),
                             facts={"reads_packed_operands": True, "packed_rs": True,
-                                   "split_ctas_per_multiprocessor": lambda m, n, k: 1 if m > 128 else 2})
+                                   "split_ctas_per_multiprocessor": lambda m, n, k: 1 if m > 128 else 2,
+                                   "rule_candidate": lambda m, n, k: m <= 128})
 
 # Hopper GEMM kernel schedules: two consumer warp groups sharing a tile (cooperative, needs tile M >= 128)
 # or alternating between tiles (pingpong).

@@ -46,19 +46,14 @@ PACKED_WGMMA_MAX_ROWS = 256
 # tile overlaps its decode with wgmma), so the rule takes gemm_fused_wgmma only where no gemm_packed_rs
 # kernel is declared.
 PACKED_RS_MAX_ROWS = 256
-# gemm_packed_rs tiles of more rows than this are the autotuner's alone: the rule ranks them after the others.
-# The 256-row tile (one CTA a multiprocessor, B decoded once up to M = 256) measured 8-13% faster than two
-# 128-row tiles at N = K = 8192 for M = 160-256 on the H200, but 14-21% slower at N x K = 14336 x 4096 and
-# 4096 x 14336 (bench/RESULTS.md), with no rule of M, N and K found to tell them apart.
-PACKED_RS_RULE_MAX_TILE_M = 128
 
 
 def _rank(kernel: dict, problem: Problem) -> tuple:
     """Smaller is better. GEMMs: first, up to M = 256, a kernel that decodes B into wgmma's register fragments
     (gemm_packed_rs, packed_rs): the smallest tile that covers M, counting M as at least 64 unless it is at
     most 16 (tiles of 17-63 rows measured slower than 64-row ones; a 16-row tile is the fastest up to M = 16),
-    the tallest when none covers; then the widest; tiles taller than PACKED_RS_RULE_MAX_TILE_M after all of
-    these (the autotuner's candidates). Then (reached only where no gemm_packed_rs kernel is
+    the tallest when none covers; then the widest; tiles whose manifest fact rule_candidate is false after all
+    of these (the autotuner's candidates). Then (reached only where no gemm_packed_rs kernel is
     declared), up to M = 256, a kernel that reads the packed operands with wgmma (gemm_fused_wgmma,
     packed_wgmma), so B's codes are read and dequantized once, which is what bounds small-M GEMMs: the
     smallest tile that covers M (the tallest when none does), then the narrowest.
@@ -80,7 +75,7 @@ def _rank(kernel: dict, problem: Problem) -> tuple:
         rows, covers = problem.rows, problem.rows <= tile_m
         if facts.get("packed_rs") and rows <= PACKED_RS_MAX_ROWS:
             covers = (rows if rows <= 16 else max(rows, 64)) <= tile_m
-            group = 2 if tile_m > PACKED_RS_RULE_MAX_TILE_M else 0 if covers else 1
+            group = 2 if not facts.get("rule_candidate", True) else 0 if covers else 1
             return (-1, group, tile_m if covers else -tile_m, -facts["tile_n"], kernel["name"])
         if facts.get("packed_wgmma") and rows <= PACKED_WGMMA_MAX_ROWS:
             return (0, 0 if covers else 1, tile_m if covers else -tile_m, facts["tile_n"], kernel["name"])
