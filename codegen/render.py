@@ -90,7 +90,7 @@ def _manifest_entry(name: str, variant, source: str, headers_sha256: str) -> dic
         "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
         # the fp4gen headers it includes: an edit of one of them makes this entry (and its library) stale
         "headers_sha256": headers_sha256,
-        "symbols": {fn: f"{name}_{fn}" for fn in ("can_implement", "workspace_size", "run")},
+        "symbols": {fn: f"{name}_{fn}" for fn in ("can_implement", "workspace_size", "run", "run_packed")},
         "params": [[p.name, p.ctype, p.kind] for p in family.params],
         "constraints": {**family.constraints,
                         **(family.variant_constraints(values) if family.variant_constraints else {})},

@@ -13,3 +13,7 @@ FP4GEN_EXPORT size_t dequantize_nvfp4_to_bf16_sm90a_workspace_size(const uint8_t
 FP4GEN_EXPORT int dequantize_nvfp4_to_bf16_sm90a_run(const uint8_t* data, const uint8_t* scale, const float* amax, void* out, int64_t rows, int64_t cols, int64_t data_row_stride, int64_t scale_row_stride, int64_t amax_stride, int64_t out_row_stride, float inverse_decode_numerator, cudaStream_t stream) {
   return fp4gen::dequantize_run<OutT>(data, scale, amax, out, rows, cols, data_row_stride, scale_row_stride, amax_stride, out_row_stride, inverse_decode_numerator, stream);
 }
+
+FP4GEN_EXPORT int dequantize_nvfp4_to_bf16_sm90a_run_packed(const uint64_t* args, cudaStream_t stream) {
+  return dequantize_nvfp4_to_bf16_sm90a_run(reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(args[0])), reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(args[1])), reinterpret_cast<const float*>(static_cast<uintptr_t>(args[2])), reinterpret_cast<void*>(static_cast<uintptr_t>(args[3])), static_cast<int64_t>(args[4]), static_cast<int64_t>(args[5]), static_cast<int64_t>(args[6]), static_cast<int64_t>(args[7]), static_cast<int64_t>(args[8]), static_cast<int64_t>(args[9]), fp4gen::float_from_word(args[10]), stream);
+}

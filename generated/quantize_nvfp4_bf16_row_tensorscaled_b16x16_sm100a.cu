@@ -16,3 +16,7 @@ FP4GEN_EXPORT size_t quantize_nvfp4_bf16_row_tensorscaled_b16x16_sm100a_workspac
 FP4GEN_EXPORT int quantize_nvfp4_bf16_row_tensorscaled_b16x16_sm100a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax, const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale, const int64_t* rng_state, cudaStream_t stream) {
   return fp4gen::quantize_run<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard, kStochastic, kHardwareCvt>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, rng_state, stream);
 }
+
+FP4GEN_EXPORT int quantize_nvfp4_bf16_row_tensorscaled_b16x16_sm100a_run_packed(const uint64_t* args, cudaStream_t stream) {
+  return quantize_nvfp4_bf16_row_tensorscaled_b16x16_sm100a_run(reinterpret_cast<const void*>(static_cast<uintptr_t>(args[0])), static_cast<int64_t>(args[1]), static_cast<int64_t>(args[2]), static_cast<int64_t>(args[3]), reinterpret_cast<const float*>(static_cast<uintptr_t>(args[4])), reinterpret_cast<const float*>(static_cast<uintptr_t>(args[5])), reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(args[6])), reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(args[7])), reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(args[8])), reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(args[9])), reinterpret_cast<const int64_t*>(static_cast<uintptr_t>(args[10])), stream);
+}

@@ -14,3 +14,7 @@ FP4GEN_EXPORT size_t quantize_row_pass_fp16_sr_sm90a_workspace_size(const void* 
 FP4GEN_EXPORT int quantize_row_pass_fp16_sr_sm90a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, uint8_t* row_data, uint8_t* row_scale, void* workspace, const int64_t* rng_state, cudaStream_t stream) {
   return fp4gen::row_pass_run<InT, kStochastic, kHardwareCvt>(x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, workspace, rng_state, stream);
 }
+
+FP4GEN_EXPORT int quantize_row_pass_fp16_sr_sm90a_run_packed(const uint64_t* args, cudaStream_t stream) {
+  return quantize_row_pass_fp16_sr_sm90a_run(reinterpret_cast<const void*>(static_cast<uintptr_t>(args[0])), static_cast<int64_t>(args[1]), static_cast<int64_t>(args[2]), static_cast<int64_t>(args[3]), reinterpret_cast<float*>(static_cast<uintptr_t>(args[4])), reinterpret_cast<float*>(static_cast<uintptr_t>(args[5])), reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(args[6])), reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(args[7])), reinterpret_cast<void*>(static_cast<uintptr_t>(args[8])), reinterpret_cast<const int64_t*>(static_cast<uintptr_t>(args[9])), stream);
+}

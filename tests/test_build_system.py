@@ -99,8 +99,9 @@ def test_a_gemm_variant_from_a_temporary_spec_compiles(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "gemm_nvfp4_bf16out_t128x128x64_coop_sm90a" in result.stdout and "built" in result.stdout
     library = ctypes.CDLL(str(tmp_path / "lib" / "gemm_nvfp4_bf16out_t128x128x64_coop_sm90a.so"))
-    assert library.fp4gen_abi_version() == 1
+    assert library.fp4gen_abi_version() == 2
     assert hasattr(library, "gemm_nvfp4_bf16out_t128x128x64_coop_sm90a_run")
+    assert hasattr(library, "gemm_nvfp4_bf16out_t128x128x64_coop_sm90a_run_packed")
 
 
 # --- build.py's options, lib dir and missing-dependency messages (no compile) ---

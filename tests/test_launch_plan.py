@@ -27,7 +27,7 @@ def test_a_run_allocates_the_buffers_and_fills_the_slots_in_launch_order():
     plan.launch("second", codes, INPUT, 2.5, amax)
     calls, launch = recording()
     x, rng = torch.zeros(3, 16), torch.zeros(2, dtype=torch.int64)
-    buffers = plan.run(launch, x, rng)
+    buffers = plan.run(launch, [x, rng], x.device)
     assert [tuple(b.shape) for b in buffers] == [(3,), (3, 8)]
     assert [b.dtype for b in buffers] == [torch.float32, torch.uint8]
     assert plan.tensor(buffers, amax) is buffers[0] and plan.tensor(buffers, None) is None
@@ -36,7 +36,7 @@ def test_a_run_allocates_the_buffers_and_fills_the_slots_in_launch_order():
     assert second == ("second", x.device, (buffers[1].data_ptr(), x.data_ptr(), 2.5, buffers[0].data_ptr()))
     # a second run allocates its own buffers; without a random state its slot is a null pointer
     calls.clear()
-    again = plan.run(launch, x, None)
+    again = plan.run(launch, [x, None], x.device)
     assert again[0] is not buffers[0]
     assert calls[0][2][4] is None and calls[1][2][0] == again[1].data_ptr()
 
@@ -46,7 +46,7 @@ def test_an_int_constant_is_not_taken_for_a_slot():
     plan.buffer(1)
     plan.launch("k", 0, 1, 2)  # plain ints equal to slot indices stay constants
     calls, launch = recording()
-    plan.run(launch, torch.zeros(1), None)
+    plan.run(launch, [torch.zeros(1), None], torch.device("cpu"))
     assert calls[0][2] == (0, 1, 2)
 
 
@@ -56,7 +56,7 @@ def test_zeroed_buffers_are_zero_after_a_run_and_each_is_zeroed_once():
     plan.zero(a, None, a)
     assert plan.zeroed == [a]
     calls, launch = recording()
-    buffers = plan.run(launch, torch.zeros(1), None)
+    buffers = plan.run(launch, [torch.zeros(1), None], torch.device("cpu"))
     assert calls == [] and torch.equal(buffers[0], torch.zeros(4))
 
 

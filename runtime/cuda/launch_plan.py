@@ -4,38 +4,43 @@ run for each call on its own tensors.
 Working out a call (manifest lookups through the selection rule, row-pass limits, workspace queries, argument
 lists) costs tens of microseconds of Python, several times what launching its kernels costs the host. A plan
 keeps the result: the buffers a call allocates, and each launch's arguments with the per-call pointers (the
-input, the random state, the buffers) left as slots. Running it allocates the buffers, fills the slots and
-launches, in the order the plan was built.
+inputs, the buffers) left as slots. Running it allocates the buffers, fills the slots and launches, in the
+order the plan was built: in one call into the C++ launcher (launcher.cpp), which makes the allocations and
+launches without a Python step between them.
 """
 from __future__ import annotations
 
 import torch
 
+from . import launcher
+
 
 class Slot(int):
-    """An argument of a launch template that each run fills in: the index of a per-call pointer (the input,
-    the random state, or a buffer of the plan)."""
+    """An argument of a launch template that each run fills in: the index of a per-call pointer (one of the
+    plan's inputs, or one of its buffers)."""
 
 
-INPUT, RNG = Slot(0), Slot(1)  # the input's pointer; the random state's (None without one)
-_FIRST_BUFFER = 2
+INPUT, RNG = Slot(0), Slot(1)  # a quantize plan's inputs: x's pointer; the random state's (None without one)
 
 
 class LaunchPlan:
     """Buffers to allocate and kernels to launch, in order. Built once with buffer(), launch() and zero(); then
-    run() for each call. `result` is for the caller: what the buffers mean (run() does not read it)."""
+    run() for each call. Slots 0 .. inputs-1 are the run's input tensors, the buffers' slots follow. `result` is
+    for the caller: what the buffers mean (run() does not read it)."""
 
-    __slots__ = ("buffers", "launches", "zeroed", "result")
+    __slots__ = ("inputs", "buffers", "launches", "zeroed", "result", "_native")
 
-    def __init__(self):
+    def __init__(self, inputs: int = 2):
+        self.inputs = inputs
         self.buffers = []  # (shape, dtype) of each buffer, allocated by every run
         self.launches = []  # (kernel, argument template, ((position, slot), ...))
         self.zeroed = []  # buffers that a run zeroes (an empty input's amaxes) instead of launching
         self.result = None
+        self._native = None  # the C++ launcher's copy of the plan, made at its first run there
 
     def buffer(self, *shape: int, dtype: torch.dtype = torch.uint8) -> Slot:
         self.buffers.append((shape, dtype))
-        return Slot(_FIRST_BUFFER + len(self.buffers) - 1)
+        return Slot(self.inputs + len(self.buffers) - 1)
 
     def launch(self, kernel, *args) -> None:
         """A launch of kernel with args, where Slot arguments stand for per-call pointers and None for a null one."""
@@ -46,15 +51,22 @@ class LaunchPlan:
         """Zero these buffers in each run (None and repeats are skipped)."""
         self.zeroed += [slot for slot in dict.fromkeys(slots) if slot is not None and slot not in self.zeroed]
 
-    def run(self, launch, x: torch.Tensor, rng_state) -> list:
-        """Allocate the buffers on x's device, then launch(kernel, device, *args) each launch with its slots
-        filled in; returns the buffers (index slot - 2 holds that slot's buffer)."""
-        device = x.device
+    def run(self, launch, inputs: list, device: torch.device) -> list:
+        """Allocate the buffers on `device`, then launch each kernel with its slots filled from `inputs` (tensors
+        or None, one per input slot) and the buffers; returns the buffers (see tensor()). Through the C++
+        launcher (launcher.py) on a CUDA device, unless FP4GEN_LAUNCHER=python; else from Python, through
+        launch(kernel, device, *args)."""
+        if device.type == "cuda" and launcher.enabled():
+            native = self._native if self._native is not None else self._make_native()
+            buffers, failed, status = native.run(inputs, device.index, raw_stream(device.index))
+            if status:
+                self.launches[failed][0].raise_for(status, "run")
+            return buffers
         buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.buffers]
         for slot in self.zeroed:
-            buffers[slot - _FIRST_BUFFER].zero_()
+            buffers[slot - self.inputs].zero_()
         if self.launches:
-            pointers = [x.data_ptr(), rng_state.data_ptr() if rng_state is not None else None]
+            pointers = [t.data_ptr() if t is not None else None for t in inputs]
             pointers += [buffer.data_ptr() for buffer in buffers]
             for kernel, template, slots in self.launches:
                 args = list(template)
@@ -63,9 +75,21 @@ class LaunchPlan:
                 launch(kernel, device, *args)
         return buffers
 
+    def _make_native(self):
+        self._native = launcher.module().Plan(
+            self.inputs, [(list(shape), str(dtype).replace("torch.", "")) for shape, dtype in self.buffers],
+            list(self.zeroed),
+            [(kernel.run_packed_address, kernel.pack(template), list(slots)) for kernel, template, slots in self.launches])
+        return self._native
+
     def tensor(self, buffers: list, slot):
         """The buffer of `slot` among run()'s buffers, or None for a None slot."""
-        return buffers[slot - _FIRST_BUFFER] if slot is not None else None
+        return buffers[slot - self.inputs] if slot is not None else None
+
+
+# The current stream's handle, straight from PyTorch's C++ state: the public torch.cuda.current_stream(device)
+# .cuda_stream builds a Stream object on every call. (A CPU-only build of PyTorch has none; nothing launches there.)
+raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def remember(plans: dict, key, plan, limit: int = 4096):

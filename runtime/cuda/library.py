@@ -4,11 +4,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import struct
 
 from ..errors import BuildError, KernelError
 from .manifest import INDEX, build_command, lib_dir, load_manifest
 
-ABI_VERSION = 1  # must equal FP4GEN_ABI_VERSION in templates/include/fp4gen/abi.h
+ABI_VERSION = 2  # must equal FP4GEN_ABI_VERSION in templates/include/fp4gen/abi.h
 _CTYPES = {"pointer": ctypes.c_void_p, "int64": ctypes.c_int64, "float32": ctypes.c_float}
 _STATUS = {
     1: "the problem breaks the kernel's shape or stride rules",
@@ -56,8 +57,24 @@ class Kernel:
         self._can_implement.argtypes, self._can_implement.restype = argtypes, ctypes.c_int
         self._workspace_size = getattr(lib, entry["symbols"]["workspace_size"])
         self._workspace_size.argtypes, self._workspace_size.restype = argtypes, ctypes.c_size_t
+        # <name>_run_packed: the same run with one 64-bit word a parameter, for the C++ launcher (launcher.cpp)
+        self.run_packed_address = ctypes.cast(getattr(lib, entry["symbols"]["run_packed"]), ctypes.c_void_p).value
+        self._kinds = [kind for _, _, kind in entry["params"]]
 
-    def _raise_for(self, status: int, call: str):
+    def pack(self, args) -> list:
+        """run()'s arguments (without the stream) as <name>_run_packed's words: a pointer or int64 as its 64 bits
+        (None: 0), a float as its fp32 bits (rounded from the double as ctypes rounds it)."""
+        if len(args) != len(self._kinds):
+            raise TypeError(f"{self.name} takes {len(self._kinds)} arguments, got {len(args)}")
+        words = []
+        for kind, value in zip(self._kinds, args):
+            if kind == "float32":
+                words.append(struct.unpack("<I", struct.pack("<f", value))[0])
+            else:
+                words.append(int(value or 0) & 0xFFFFFFFFFFFFFFFF)
+        return words
+
+    def raise_for(self, status: int, call: str):
         if status >= 1000:
             raise KernelError(f"{self.name}: {call} failed with CUDA error {status - 1000}")
         raise KernelError(f"{self.name}: {call} refused the problem (status {status}: "
@@ -72,7 +89,7 @@ class Kernel:
     def run(self, *args, stream: int) -> None:
         status = self._run(*args, stream)
         if status:
-            self._raise_for(status, "run")
+            self.raise_for(status, "run")
 
 
 @functools.lru_cache(maxsize=None)

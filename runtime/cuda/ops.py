@@ -12,7 +12,7 @@ import torch
 from ..formats import NVFP4Data
 from ..options import DEFAULT_OPTIONS, QuantizeOptions
 from ..swizzle import swizzle_scales
-from .launch_plan import INPUT, RNG, LaunchPlan, Slot, remember
+from .launch_plan import INPUT, RNG, LaunchPlan, Slot, raw_stream, remember
 from .library import load_kernel
 from .manifest import load_manifest
 from . import autotune
@@ -69,20 +69,18 @@ def _row_start_bits(t: torch.Tensor) -> int:
     return t.data_ptr() | (t.stride(0) * t.element_size() if t.shape[0] > 1 else 0)
 
 
-# The current stream's handle and the current device, straight from PyTorch's C++ state: the public
-# torch.cuda.current_stream(device).cuda_stream builds a Stream object on every call. (A CPU-only build of
-# PyTorch has neither; nothing launches there.)
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# The current device, straight from PyTorch's C++ state (a CPU-only build of PyTorch has none; nothing launches
+# there).
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
 def _launch(kernel, device: torch.device, *args) -> None:
     index = device.index
     if _current_device() == index:
-        kernel.run(*args, stream=_raw_stream(index))
+        kernel.run(*args, stream=raw_stream(index))
     else:
         with torch.cuda.device(index):  # the launch goes to the current device: make it the tensors' device
-            kernel.run(*args, stream=_raw_stream(index))
+            kernel.run(*args, stream=raw_stream(index))
 
 
 def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
@@ -182,7 +180,7 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     if plan is None:
         plan = remember(_QUANTIZE_PLANS, key, _plan_quantize(x, scaling, block, rowwise, columnwise, options,
                                                              column_sums))
-    buffers = plan.run(_launch, x, _rng_state(options))
+    buffers = plan.run(_launch, [x, _rng_state(options)], x.device)
     row, col, e4m3_max, sums = plan.result
     copies = _copy(plan, buffers, row, e4m3_max), _copy(plan, buffers, col, e4m3_max)
     return (*copies, plan.tensor(buffers, sums)) if column_sums else copies
@@ -422,24 +420,30 @@ def _row_pass_workspace_bytes(kernel, device_index: int, rows: int, cols: int, c
 
 
 def gemm_alpha(a: NVFP4Data, b: NVFP4Data) -> float:
-    """The epilogue's fl(1 / (6 * a.e4m3_max * 6 * b.e4m3_max)), fl(1/2688^2) for standard operands: ctypes
-    rounds the double quotient (of an exact double product) to fp32, which equals the fp32 quotient."""
-    return 1.0 / ((6.0 * a.e4m3_max) * (6.0 * b.e4m3_max))
+    return _alpha(a.e4m3_max, b.e4m3_max)
+
+
+def _alpha(a_e4m3_max: float, b_e4m3_max: float) -> float:
+    """The epilogue's fl(1 / (6 * a_e4m3_max * 6 * b_e4m3_max)), fl(1/2688^2) for standard operands: ctypes (and
+    the launcher's packing) rounds the double quotient (of an exact double product) to fp32, which equals the fp32
+    quotient."""
+    return 1.0 / ((6.0 * a_e4m3_max) * (6.0 * b_e4m3_max))
 
 
 def _scratch_operands(a: NVFP4Data, b: NVFP4Data, plan: "_GemmPlan") -> tuple:
     """Hopper over scratch: the packed codes and scales as they are (the library copies both operands' block-scaled
     values, exact in bf16, into its workspace), their row strides in bytes, and B's rows (the kernel runs on
-    n_run, the rows past B's multiplying as zeros)."""
+    n_run, the rows past B's multiplying as zeros). Returns ((a codes, a scales, b codes, b scales), the
+    row-stride arguments)."""
     a_data, a_scale, b_data, b_scale = a.data, a.scale, b.data, b.scale
-    return ((), (a_data.data_ptr(), a_scale.data_ptr(), b_data.data_ptr(), b_scale.data_ptr()),
+    return ((a_data, a_scale, b_data, b_scale),
             (a_data.stride(0), a_scale.stride(0), b_data.stride(0), b_scale.stride(0), b.shape[0]))
 
 
 def _blockscaled_operands(a: NVFP4Data, b: NVFP4Data, plan: "_GemmPlan") -> tuple:
     """Blackwell: the packed codes as they are and the scales in the 128x4 swizzled layout; B gets zero
-    rows (codes and scales) up to n_run. Returns (tensors to keep alive, the pointer arguments a, b, sfa,
-    sfb, no row-stride arguments). Never run: no Blackwell GPU was available."""
+    rows (codes and scales) up to n_run. Returns ((a codes, b codes, a scales, b scales: the order of its
+    pointer arguments), no row-stride arguments). Never run: no Blackwell GPU was available."""
     n_run = plan.n_run
     for name, op in (("a", a), ("b", b)):
         if op.data.stride(0) != op.data.shape[1] or op.data.data_ptr() % 16:
@@ -449,15 +453,14 @@ def _blockscaled_operands(a: NVFP4Data, b: NVFP4Data, plan: "_GemmPlan") -> tupl
     if n_run != b.shape[0]:
         b_data = torch.cat([b_data, b_data.new_zeros(n_run - b.shape[0], b_data.shape[1])])
         b_scale = torch.cat([b_scale, b_scale.new_zeros(n_run - b.shape[0], b_scale.shape[1])])
-    sfa, sfb = swizzle_scales(a.scale), swizzle_scales(b_scale)
-    return (b_data, sfa, sfb), (a.data.data_ptr(), b_data.data_ptr(), sfa.data_ptr(), sfb.data_ptr()), ()
+    return (a.data, b_data, swizzle_scales(a.scale), swizzle_scales(b_scale)), ()
 
 
 def _packed_operands(a: NVFP4Data, b: NVFP4Data, plan: "_GemmPlan") -> tuple:
     """The fused Hopper GEMM: codes and scales as they are (the scale bytes at their float8 addresses), with
     their row strides in bytes, and the number of CTAs that split K (the plan's, from select.split_k)."""
     a_data, a_scale, b_data, b_scale = a.data, a.scale, b.data, b.scale
-    return ((), (a_data.data_ptr(), a_scale.data_ptr(), b_data.data_ptr(), b_scale.data_ptr()),
+    return ((a_data, a_scale, b_data, b_scale),
             (a_data.stride(0), a_scale.stride(0), b_data.stride(0), b_scale.stride(0), plan.split))
 
 
@@ -476,12 +479,12 @@ class _GemmPlan:
     (its key in _GEMM_PLANS): the N the kernel runs on, how the operands go in, the K split of the kernels
     that read the packed operands, the workspace size. A query through gemm_kernel needs only the kernel."""
 
-    __slots__ = ("kernel", "n_run", "d_alignment", "d_align", "operands", "split", "workspace_bytes")
+    __slots__ = ("kernel", "n_run", "d_alignment", "d_align", "operands", "split", "workspace_bytes", "launch_plans")
 
     def __init__(self, kernel):
         self.kernel = kernel
         self.n_run = None  # not prepared
-
+        self.launch_plans = {}  # _gemm_launch's key -> LaunchPlan
     def prepare(self, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype) -> None:
         kernel = self.kernel
         (m, k), n = a.shape, b.shape[0]
@@ -497,7 +500,7 @@ class _GemmPlan:
             facts = kernel.facts
             self.split = split_k(facts["tile_m"], facts["tile_n"], m, self.n_run, k // facts["tile_k"],
                                  _multiprocessors(a.device.index), facts["split_ctas_per_multiprocessor"])
-        self.workspace_bytes = None  # asked of the library at the first launch, which has the arguments
+        self.workspace_bytes = None  # asked of the library by the first launch plan, which has the arguments
 
 
 _GEMM_PLANS = {}  # (device, out dtype, M, N, K, operand row strides and address residues) -> _GemmPlan
@@ -593,9 +596,8 @@ def _time_gemm(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, accum
     plan = _GemmPlan(kernel)
 
     def call():
-        _, args, keep_alive = _gemm_launch(plan, a, b, out_dtype, into, accumulate)
-        _launch(kernel, device, *args)
-        del keep_alive
+        launches, inputs, _ = _gemm_launch(plan, a, b, out_dtype, into, accumulate)
+        launches.run(_launch, inputs, device)
 
     with torch.cuda.device(device):
         call()  # eagerly first: one-time setup, and any launch error comes out here
@@ -629,21 +631,25 @@ def _time_gemm(kernel, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, accum
     return best
 
 
+# A GEMM launch plan's inputs, in this order: the four operand tensors (as the family's operands function gives
+# them), A's row amax, B's column amax, the bias (or None) and D when it is the caller's tensor (else None).
+_GEMM_INPUTS = 8
+
+
 def _gemm_launch(plan: _GemmPlan, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool,
                  bias=None) -> tuple:
-    """(d, the launch arguments of the plan's kernel for D = A @ B.T (+ bias) (+ C = out when accumulating),
-    tensors to keep alive until the launch is queued). D has plan.n_run columns.
+    """(the launch plan of D = A @ B.T (+ bias) (+ C = out when accumulating), its inputs, D if it is not the
+    launch plan's own buffer). D has plan.n_run columns: it is `out` where the kernel can write out directly,
+    else a new tensor (a copy of out when accumulating) or the launch plan's buffer.
 
     The operands go in as the kernel family needs them: packed codes and scales for the Hopper GEMMs (which
     read them or copy them into scratch in their workspace), packed codes with swizzled scales for the Blackwell
-    one."""
+    one. The inputs list keeps every tensor it points to referenced until the launch is queued."""
     (m, k), n = a.shape, b.shape[0]
     if plan.n_run is None:
         plan.prepare(a, b, out_dtype)
     n_run = plan.n_run
-    # operand copies (the Blackwell scales) must stay referenced until the launch is queued, or the allocator
-    # could hand their memory to d
-    scratch, operand_ptrs, operand_strides = plan.operands(a, b, plan)
+    operands, operand_strides = plan.operands(a, b, plan)
     col_amax = b.amax.contiguous()
     if b.row_scaled and n_run != n:
         col_amax = torch.cat([col_amax, col_amax.new_ones(n_run - n)])
@@ -654,22 +660,37 @@ def _gemm_launch(plan: _GemmPlan, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.d
             bias = torch.cat([bias, bias.new_zeros(n_run - n)])
         elif bias.data_ptr() % 16:
             bias = bias.clone()
+    d = None
     if (n_run == n and out is not None and out.stride(1) == 1 and
             (plan.d_alignment == 1 or (out.stride(0) % plan.d_align == 0 and out.data_ptr() % plan.d_alignment == 0))):
         d = out
-    else:
+    elif accumulate:
         d = torch.empty(m, n_run, dtype=out_dtype, device=a.device)
-        if accumulate:
-            d[:, :n].copy_(out)
-    row_amax = a.amax.contiguous()
-    args = (*operand_ptrs, d.data_ptr(), d.data_ptr(), row_amax.data_ptr(), col_amax.data_ptr(),
-            bias.data_ptr() if bias is not None else None, gemm_alpha(a, b), 1.0 if accumulate else 0.0, m, n_run,
-            k, *operand_strides, d.stride(0), d.stride(0), int(a.row_scaled), int(b.row_scaled))
+        d[:, :n].copy_(out)
+    key = (operand_strides, d.stride(0) if d is not None else None, bias is not None, accumulate, a.row_scaled,
+           b.row_scaled, a.e4m3_max, b.e4m3_max)
+    launches = plan.launch_plans.get(key)
+    if launches is None:
+        launches = plan.launch_plans[key] = _plan_gemm(plan, a.device, m, k, out_dtype, *key)
+    return launches, [*operands, a.amax.contiguous(), col_amax, bias, d], d
+
+
+def _plan_gemm(plan: _GemmPlan, device: torch.device, m: int, k: int, out_dtype: torch.dtype, operand_strides: tuple,
+               d_stride, has_bias: bool, accumulate: bool, a_row_scaled: bool, b_row_scaled: bool, a_e4m3_max: float,
+               b_e4m3_max: float) -> LaunchPlan:
+    """The GEMM's one launch over _GEMM_INPUTS inputs; D is the first buffer when d_stride is None (no D input)."""
+    n_run = plan.n_run
+    launches = LaunchPlan(inputs=_GEMM_INPUTS)
+    d = Slot(7) if d_stride is not None else launches.buffer(m, n_run, dtype=out_dtype)
+    d_stride = d_stride if d_stride is not None else n_run
+    args = (Slot(0), Slot(1), Slot(2), Slot(3), d, d, Slot(4), Slot(5), Slot(6) if has_bias else None,
+            _alpha(a_e4m3_max, b_e4m3_max), 1.0 if accumulate else 0.0, m, n_run, k, *operand_strides, d_stride,
+            d_stride, int(a_row_scaled), int(b_row_scaled))
     if plan.workspace_bytes is None:  # it depends on the shape, the split and the device, not on addresses
-        plan.workspace_bytes = plan.kernel.workspace_size(*args, None)
-    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=a.device) if plan.workspace_bytes else None
-    args += (workspace.data_ptr() if workspace is not None else None,)
-    return d, args, (scratch, col_amax, row_amax, bias, workspace)
+        with torch.cuda.device(device):
+            plan.workspace_bytes = plan.kernel.workspace_size(*(16 if type(arg) is Slot else arg for arg in args), None)
+    launches.launch(plan.kernel, *args, launches.buffer(plan.workspace_bytes) if plan.workspace_bytes else None)
+    return launches
 
 
 def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bool, bias=None):
@@ -679,9 +700,10 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
     if m == 0 or n == 0:
         return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=a.device)
     plan = _gemm_plan(a, b, out_dtype, True, accumulate)
-    d, args, keep_alive = _gemm_launch(plan, a, b, out_dtype, out, accumulate, bias)
-    _launch(plan.kernel, a.device, *args)
-    del keep_alive
+    launches, inputs, d = _gemm_launch(plan, a, b, out_dtype, out, accumulate, bias)
+    buffers = launches.run(_launch, inputs, a.device)
+    if d is None:
+        d = buffers[0]
     if out is None:
         return d if plan.n_run == n else d[:, :n]
     if d is not out:

@@ -67,15 +67,16 @@ def test_every_option_equals_reference(dtype, option, scaling, block, copies, ro
 
 
 def _launched_kernels(monkeypatch):
-    from fp4gen.cuda import ops
+    """The names of the kernels each quantize call's launch plan launches, in order (whichever launcher runs it)."""
+    from fp4gen.cuda.launch_plan import LaunchPlan
     names = []
-    real_launch = ops._launch
+    real_run = LaunchPlan.run
 
-    def launch(kernel, device, *args):
-        names.append(kernel.name)
-        real_launch(kernel, device, *args)
+    def run(plan, launch, inputs, device):
+        names.extend(kernel.name for kernel, _, _ in plan.launches)
+        return real_run(plan, launch, inputs, device)
 
-    monkeypatch.setattr(ops, "_launch", launch)
+    monkeypatch.setattr(LaunchPlan, "run", run)
     return names
 
 

@@ -5,6 +5,11 @@
 //   int    <name>_can_implement(params...)          FP4GEN_OK or the rule the problem breaks
 //   size_t <name>_workspace_size(params...)         scratch bytes the caller allocates
 //   int    <name>_run(params..., cudaStream_t)      FP4GEN_OK, a rule status, or a CUDA error
+//   int    <name>_run_packed(const uint64_t* args, cudaStream_t)
+//                                                   the same run with its parameters as one word each (a
+//                                                   pointer or int64_t as its 64 bits, a float as its bits in
+//                                                   the low 32): one signature for every kernel, which the
+//                                                   runtime's C++ launcher calls without knowing the family
 // The parameter list of each family is declared once, in codegen/families.py, and recorded in
 // generated/manifest.json, from which the runtime builds its ctypes signatures. No C++ exception
 // crosses this boundary.
@@ -13,11 +18,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 
 #include <cuda_runtime.h>
 
-#define FP4GEN_ABI_VERSION 1
+#define FP4GEN_ABI_VERSION 2
 #define FP4GEN_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace fp4gen {
@@ -29,6 +35,14 @@ enum Status : int {
   kMisaligned = 2,         // a pointer or row stride breaks the kernel's vector-access alignment
   kCudaErrorBase = 1000,   // + the cudaError_t of a failed launch
 };
+
+// A float parameter of <name>_run_packed: its bits in the word's low 32.
+inline float float_from_word(uint64_t word) {
+  const uint32_t bits = static_cast<uint32_t>(word);
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
 
 // (host and device: the launchers check their arguments with it, kernels their output pieces)
 __host__ __device__ inline bool aligned(const void* ptr, int64_t bytes) {
