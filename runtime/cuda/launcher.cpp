@@ -8,7 +8,11 @@
 //
 // Compiled against the installed PyTorch on first use (launcher.py); it never includes a CUDA header, so it
 // also builds with a CPU-only PyTorch, where tests run plans of host functions.
-#include <torch/extension.h>
+// ATen, the device guard and torch's pybind11 casters only: with torch/extension.h (all of libtorch's C++ API)
+// the compile took about 1.6x the CPU time.
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
 #include <string>
@@ -101,6 +105,16 @@ class Plan {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fp4gen's C++ launcher: runs launch plans (allocations and kernel launches) in one call";
+  // An allocation that finds no memory raises torch.OutOfMemoryError, as torch.empty would (pybind11 alone would
+  // make it a plain RuntimeError, which callers that catch out-of-memory errors do not catch).
+  pybind11::register_exception_translator([](std::exception_ptr raised) {
+    try {
+      if (raised) std::rethrow_exception(raised);
+    } catch (const c10::OutOfMemoryError& error) {
+      PyErr_SetString(pybind11::module_::import("torch").attr("OutOfMemoryError").ptr(),
+                      error.what_without_backtrace());
+    }
+  });
   pybind11::class_<Plan>(m, "Plan")
       .def(pybind11::init<int64_t, const std::vector<std::pair<std::vector<int64_t>, std::string>>&,
                           std::vector<int64_t>,

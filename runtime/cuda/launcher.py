@@ -2,8 +2,8 @@
 then loaded from the build cache.
 
 It is a PyTorch extension, so unlike the kernel libraries it is tied to one PyTorch build: its cache key holds
-the source, PyTorch's version and the Python version, and a new PyTorch compiles it again (about a minute, once;
-a line on stderr says so). FP4GEN_LAUNCHER=python launches from Python instead (ctypes), which needs no C++
+the source, PyTorch's version and the Python version, and a new PyTorch compiles it again (about half a minute on
+two cores, once; a line on stderr says so). FP4GEN_LAUNCHER=python launches from Python instead (ctypes), which needs no C++
 compiler and costs more host time per call.
 """
 from __future__ import annotations

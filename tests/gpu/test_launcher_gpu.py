@@ -94,3 +94,12 @@ def test_a_failing_launch_raises_the_kernels_error_through_the_cpp_launcher(laun
     plan.launches[0] = (kernel, template[:3] + (63,) + template[4:], slots)
     with pytest.raises(fp4gen.KernelError, match=f"{kernel.name}: run refused the problem \\(status 1"):
         plan.run(ops._launch, [x, None], x.device)
+
+
+def test_an_allocation_without_memory_raises_torchs_out_of_memory_error_through_the_cpp_launcher(launch_with):
+    from fp4gen.cuda.launch_plan import LaunchPlan
+    launch_with("cpp")
+    plan = LaunchPlan(inputs=0)
+    plan.buffer(1 << 50)  # a petabyte
+    with pytest.raises(torch.OutOfMemoryError):
+        plan.run(ops._launch, [], torch.device("cuda", torch.cuda.current_device()))
