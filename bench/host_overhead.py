@@ -6,7 +6,12 @@ fastest of several rounds (host timings only gain from noise); "GPU us" is the s
 finishes long before the host has issued the next call. "launches" counts the kernels (and memsets) one
 call puts on the stream (torch.profiler). The "one thread" rows run backward on the calling thread
 (torch.autograd.set_multithreading_enabled(False)) instead of autograd's device thread; the "no_grad" rows
-time an inference forward, the "frozen weight" rows a step without a weight gradient."""
+time an inference forward, the "frozen weight" rows a step without a weight gradient.
+
+--launchers python,cpp times every op with each launcher (FP4GEN_LAUNCHER's two choices) in turn, round by
+round in one process, and prints their host times side by side: this host's timings move by up to 1.7x from
+process to process, which would swamp the difference between processes."""
+import argparse
 import time
 
 import torch
@@ -90,12 +95,40 @@ def single_threaded(fn):
     return call
 
 
+def host_us_by_launcher(fn, choices) -> dict:
+    """host_us of fn with each launcher, their rounds interleaved: choice -> fastest round."""
+    from fp4gen.cuda import launcher
+
+    best = dict.fromkeys(choices, float("inf"))
+    for _ in range(ROUNDS):
+        for choice in choices:
+            launcher.use(choice)
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(CALLS):
+                fn()
+            best[choice] = min(best[choice], (time.perf_counter() - start) / CALLS * 1e6)
+            torch.cuda.synchronize()
+    return best
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--launchers", help="comma-separated FP4GEN_LAUNCHER choices to time side by side")
+    args = parser.parse_args()
+    choices = args.launchers.split(",") if args.launchers else None
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  tensors {ROWS}x{COLS} bf16")
-    print(f"{'op':>38} {'host us':>8} {'GPU us':>7} {'launches':>8}")
+    host_columns = "".join(f"{'host us ' + c:>16}" for c in choices) if choices else f"{'host us':>8}"
+    print(f"{'op':>38} {host_columns} {'GPU us':>7} {'launches':>8}")
     for name, fn in cases():
         gpu_us = graph_median_ms(fn) * 1e3
-        print(f"{name:>38} {host_us(fn):>8.1f} {gpu_us:>7.1f} {launches(fn):>8}", flush=True)
+        if choices:
+            host = "".join(f"{t:>16.1f}" for t in host_us_by_launcher(fn, choices).values())
+        else:
+            host = f"{host_us(fn):>8.1f}"
+        print(f"{name:>38} {host} {gpu_us:>7.1f} {launches(fn):>8}", flush=True)
 
 
 if __name__ == "__main__":

@@ -103,3 +103,14 @@ def test_the_launcher_choice_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("FP4GEN_LAUNCHER", "cuda")
     with pytest.raises(ValueError, match="FP4GEN_LAUNCHER='cuda': expected one of cpp, python"):
         launcher.enabled()
+
+
+def test_use_overrides_the_environment_for_the_process(monkeypatch):
+    monkeypatch.setattr(launcher, "_ENABLED", None)
+    monkeypatch.setenv("FP4GEN_LAUNCHER", "python")
+    launcher.use("cpp")
+    assert launcher.enabled() is True
+    launcher.use("python")
+    assert launcher.enabled() is False
+    with pytest.raises(ValueError, match="launcher 'ctypes': expected one of cpp, python"):
+        launcher.use("ctypes")

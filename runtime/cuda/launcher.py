@@ -39,6 +39,15 @@ def enabled() -> bool:
     return _ENABLED
 
 
+def use(choice: str) -> None:
+    """Launch through `choice` ("cpp" or "python") from now on in this process, whatever FP4GEN_LAUNCHER says: for
+    benchmarks and tests that compare the two in one process."""
+    global _ENABLED
+    if choice not in _LAUNCHERS:
+        raise ValueError(f"launcher {choice!r}: expected one of {', '.join(_LAUNCHERS)}")
+    _ENABLED = choice == "cpp"
+
+
 _ENABLED = None
 _MODULE = None
 
