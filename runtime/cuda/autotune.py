@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from ..errors import KernelError
+from .manifest import cache_root
 
 # A candidate replaces the rule's choice only when it is this much faster: launch-to-launch noise on a
 # loaded GPU is a few percent, and a flip-flopping choice would make runs differ for nothing.
@@ -90,8 +91,7 @@ def kernel_set(manifest: dict, op: str, compute_capability: tuple) -> str:
 
 def cache_dir() -> Path:
     """$FP4GEN_CACHE_DIR/autotune, default ~/.cache/fp4gen/autotune."""
-    base = os.environ.get("FP4GEN_CACHE_DIR") or Path.home() / ".cache" / "fp4gen"
-    return Path(base).expanduser() / "autotune"
+    return cache_root() / "autotune"
 
 
 class TuningCache:

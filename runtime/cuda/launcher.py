@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import BuildError
+from .manifest import cache_root
 
 SOURCE = Path(__file__).with_name("launcher.cpp")
 _LAUNCHERS = ("cpp", "python")
@@ -54,8 +55,7 @@ _MODULE = None
 
 def cache_dir() -> Path:
     """Where compiled launchers live: launcher/ in the build cache ($FP4GEN_CACHE_DIR, else ~/.cache/fp4gen)."""
-    cache = os.environ.get("FP4GEN_CACHE_DIR") or Path.home() / ".cache" / "fp4gen"
-    return Path(cache).expanduser() / "launcher"
+    return cache_root() / "launcher"
 
 
 def _key() -> str:

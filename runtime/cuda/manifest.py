@@ -23,12 +23,17 @@ MANIFEST_PATH = (CHECKOUT or PACKAGE_DIR) / "generated" / "manifest.json"
 INDEX = "index.json"
 
 
+def cache_root() -> Path:
+    """The build cache: $FP4GEN_CACHE_DIR, else ~/.cache/fp4gen (the runtime keeps its launcher and GEMM
+    measurements there too)."""
+    return Path(os.environ.get("FP4GEN_CACHE_DIR") or Path.home() / ".cache" / "fp4gen").expanduser()
+
+
 def lib_dir() -> Path:
     """Built libraries: $FP4GEN_LIB_DIR, else lib/ in the build cache (where build.py publishes)."""
     if os.environ.get("FP4GEN_LIB_DIR"):
         return Path(os.environ["FP4GEN_LIB_DIR"]).expanduser()
-    cache = os.environ.get("FP4GEN_CACHE_DIR") or Path.home() / ".cache" / "fp4gen"
-    return Path(cache).expanduser() / "lib"
+    return cache_root() / "lib"
 
 
 def build_command(arch: str | None = None) -> str:
