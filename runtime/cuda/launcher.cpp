@@ -106,8 +106,9 @@ class Plan {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fp4gen's C++ launcher: runs launch plans (allocations and kernel launches) in one call";
   // An allocation that finds no memory raises torch.OutOfMemoryError, as torch.empty would (pybind11 alone would
-  // make it a plain RuntimeError, which callers that catch out-of-memory errors do not catch).
-  pybind11::register_exception_translator([](std::exception_ptr raised) {
+  // make it a plain RuntimeError, which callers that catch out-of-memory errors do not catch). Local: for this
+  // module's functions only, not for other extensions that share pybind11's internals.
+  pybind11::register_local_exception_translator([](std::exception_ptr raised) {
     try {
       if (raised) std::rethrow_exception(raised);
     } catch (const c10::OutOfMemoryError& error) {
