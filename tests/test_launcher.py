@@ -7,7 +7,7 @@ import struct
 import pytest
 import torch
 
-from fp4gen.cuda import launcher
+from fp4gen.cuda import launcher, library
 from fp4gen.cuda.launch_plan import INPUT, RNG, LaunchPlan
 
 RUN_PACKED = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p)
@@ -16,21 +16,16 @@ RUN_PACKED = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), cty
 class RecordingKernel:
     """Stands for a kernel library: its packed entry records (words, stream) and returns `status`."""
 
+    pack = library.Kernel.pack  # the real packing of arguments into words (it reads name and _kinds)
+
     def __init__(self, name: str, kinds: list, status: int = 0):
-        self.name, self.kinds, self.status, self.calls = name, kinds, status, []
+        self.name, self._kinds, self.status, self.calls = name, kinds, status, []
 
         def run_packed(words, stream):
-            self.calls.append(([words[i] for i in range(len(kinds))], stream or 0))
+            self.calls.append(([words[i] for i in range(len(self._kinds))], stream or 0))
             return self.status
         self._entry = RUN_PACKED(run_packed)  # kept referenced: the launcher holds only its address
         self.run_packed_address = ctypes.cast(self._entry, ctypes.c_void_p).value
-
-    def pack(self, args):
-        words = []
-        for kind, value in zip(self.kinds, args):
-            words.append(struct.unpack("<I", struct.pack("<f", value))[0] if kind == "float32"
-                         else int(value or 0) & (2**64 - 1))
-        return words
 
     def raise_for(self, status, call):
         raise RuntimeError(f"{self.name}: {call} status {status}")
@@ -114,3 +109,8 @@ def test_use_overrides_the_environment_for_the_process(monkeypatch):
     assert launcher.enabled() is False
     with pytest.raises(ValueError, match="launcher 'ctypes': expected one of cpp, python"):
         launcher.use("ctypes")
+
+
+def test_packing_refuses_a_wrong_argument_count():
+    with pytest.raises(TypeError, match="k takes 2 arguments, got 1"):
+        RecordingKernel("k", ["int64", "float32"]).pack([1])

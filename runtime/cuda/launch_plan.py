@@ -79,7 +79,8 @@ class LaunchPlan:
         self._native = launcher.module().Plan(
             self.inputs, [(list(shape), str(dtype).replace("torch.", "")) for shape, dtype in self.buffers],
             list(self.zeroed),
-            [(kernel.run_packed_address, kernel.pack(template), list(slots)) for kernel, template, slots in self.launches])
+            [(kernel.run_packed_address, kernel.pack(template), list(slots))
+             for kernel, template, slots in self.launches])
         return self._native
 
     def tensor(self, buffers: list, slot):

@@ -75,7 +75,8 @@ class Plan {
     if (device >= 0) guard.reset_device(where);
     std::vector<at::Tensor> buffers;
     buffers.reserve(buffers_.size());
-    for (const auto& [shape, dtype] : buffers_) buffers.push_back(at::empty(shape, at::TensorOptions().dtype(dtype).device(where)));
+    for (const auto& [shape, dtype] : buffers_)
+      buffers.push_back(at::empty(shape, at::TensorOptions().dtype(dtype).device(where)));
     for (int64_t slot : zeroed_) buffers[slot - inputs_].zero_();
     if (launches_.empty()) return {std::move(buffers), -1, 0};
     std::vector<uint64_t> pointers;

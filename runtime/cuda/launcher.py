@@ -2,9 +2,9 @@
 then loaded from the build cache.
 
 It is a PyTorch extension, so unlike the kernel libraries it is tied to one PyTorch build: its cache key holds
-the source, PyTorch's version and the Python version, and a new PyTorch compiles it again (about half a minute on
-two cores, once; a line on stderr says so). FP4GEN_LAUNCHER=python launches from Python instead (ctypes), which needs no C++
-compiler and costs more host time per call.
+the source, PyTorch's version and the Python version, and a new PyTorch compiles it again (about half a minute
+on two cores, once; a line on stderr says so). FP4GEN_LAUNCHER=python launches from Python instead (ctypes),
+which needs no C++ compiler and costs more host time per call.
 """
 from __future__ import annotations
 
@@ -25,18 +25,17 @@ SOURCE = Path(__file__).with_name("launcher.cpp")
 _LAUNCHERS = ("cpp", "python")
 
 
-def _choice() -> str:
-    choice = os.environ.get("FP4GEN_LAUNCHER", "cpp")
+def _is_cpp(choice: str, source: str) -> bool:
     if choice not in _LAUNCHERS:
-        raise ValueError(f"FP4GEN_LAUNCHER={choice!r}: expected one of {', '.join(_LAUNCHERS)}")
-    return choice
+        raise ValueError(f"{source}{choice!r}: expected one of {', '.join(_LAUNCHERS)}")
+    return choice == "cpp"
 
 
 def enabled() -> bool:
     """Whether plans run through the C++ launcher (FP4GEN_LAUNCHER, read once per process)."""
     global _ENABLED
     if _ENABLED is None:
-        _ENABLED = _choice() == "cpp"
+        _ENABLED = _is_cpp(os.environ.get("FP4GEN_LAUNCHER", "cpp"), "FP4GEN_LAUNCHER=")
     return _ENABLED
 
 
@@ -44,9 +43,7 @@ def use(choice: str) -> None:
     """Launch through `choice` ("cpp" or "python") from now on in this process, whatever FP4GEN_LAUNCHER says: for
     benchmarks and tests that compare the two in one process."""
     global _ENABLED
-    if choice not in _LAUNCHERS:
-        raise ValueError(f"launcher {choice!r}: expected one of {', '.join(_LAUNCHERS)}")
-    _ENABLED = choice == "cpp"
+    _ENABLED = _is_cpp(choice, "launcher ")
 
 
 _ENABLED = None
