@@ -34,6 +34,12 @@ def _check_host_offsets(ends: list, tokens: int) -> None:
         raise ValueError(f"offsets[-1] = {ends[-1]}, but x has {tokens} tokens; the groups must cover them all")
 
 
+def _stack_scales(scales: list) -> torch.Tensor:
+    """torch.stack of E4M3 scale tensors, through their bytes: under torch.autocast, stack (one of autocast's
+    type-promoting ops) rejects float8 inputs."""
+    return torch.stack([s.view(torch.uint8) for s in scales]).view(torch.float8_e4m3fn)
+
+
 def quantize_grouped(x2d: torch.Tensor, offsets: torch.Tensor, rows_per_group: int | None, scaling: str,
                      block: tuple, rowwise: bool, columnwise: bool, options: QuantizeOptions):
     """(rowwise, columnwise) GroupedNVFP4Data or None each, for x2d [T, K] grouped by int64 `offsets`;
@@ -54,10 +60,10 @@ def quantize_grouped(x2d: torch.Tensor, offsets: torch.Tensor, rows_per_group: i
                               None if rbytes is None else rbytes[s:e], fos) for s, e in zip(starts, ends)]
         amax = torch.cat([p[0].amax for p in parts])
         if rowwise:
-            row = GroupedNVFP4Data(torch.stack([p[0].data for p in parts]), torch.stack([p[0].scale for p in parts]),
+            row = GroupedNVFP4Data(torch.stack([p[0].data for p in parts]), _stack_scales([p[0].scale for p in parts]),
                                    amax, "stacked", False, e4m3_max=e4m3_max)
         if columnwise:
-            col = GroupedNVFP4Data(torch.stack([p[1].data for p in parts]), torch.stack([p[1].scale for p in parts]),
+            col = GroupedNVFP4Data(torch.stack([p[1].data for p in parts]), _stack_scales([p[1].scale for p in parts]),
                                    amax.clone(), "stacked", False, e4m3_max=e4m3_max)
         return row, col
     if rowwise:

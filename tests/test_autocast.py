@@ -1,5 +1,5 @@
-"""fp4gen.nn.Linear under torch.autocast on CPU: fp32 parameters, the autocast dtype in and out, as
-torch.nn.Linear does it. tests/gpu/test_autocast_gpu.py runs the same checks on CUDA."""
+"""fp4gen.nn.Linear and fp4gen.nn.GroupedLinear under torch.autocast on CPU: fp32 parameters, the autocast dtype in
+and out, as torch.nn.Linear does it. tests/gpu/test_autocast_gpu.py runs the same checks on CUDA."""
 import pytest
 import torch
 
@@ -54,6 +54,32 @@ def check_mixed_model_under_autocast(device, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
 def test_mixed_model_under_cpu_autocast(dtype):
     check_mixed_model_under_autocast(DEVICE, dtype)
+
+
+def check_grouped_linear_under_autocast(device, dtype):
+    """fp32 expert weights (stacked, 16x16 blocks, quantized from their fp32 values) and fp32 tokens under
+    autocast: the tokens are cast, Y comes out in the autocast dtype, the gradients in the parameters' and the
+    input's own dtypes."""
+    torch.manual_seed(3)
+    layer = fp4gen.nn.GroupedLinear(3, 64, 128, bias=True).to(device)
+    x = torch.randn(40, 64, device=device, requires_grad=True)
+    offsets = torch.tensor([16, 16, 40], device=device)
+    with torch.autocast(device, dtype=dtype):
+        y = layer(x, offsets)
+    assert y.dtype == dtype
+    y.float().square().mean().backward()
+    for grad in (layer.weight.grad, layer.bias.grad, x.grad):
+        assert grad.dtype == torch.float32 and torch.isfinite(grad).all() and grad.any()
+    # fprop: the cast tokens (row-scaled) times the stacked weight's fp32 quantization, plus the rounded bias
+    xq = fp4gen.quantize_grouped(x.detach().to(dtype), offsets, scaling="row", columnwise=False)
+    wq = fp4gen.quantize_grouped(layer.weight.detach(), None, scaling="tensor", block=(16, 16), columnwise=False)
+    expected = fp4gen.grouped_gemm(xq.rowwise, wq.rowwise, offsets, out_dtype=torch.float32)
+    bias = layer.bias.detach().to(dtype).float().repeat_interleave(torch.tensor([16, 0, 24], device=device), 0)
+    assert rel(y.float(), expected + bias) < 1e-2
+
+
+def test_grouped_linear_under_cpu_autocast():
+    check_grouped_linear_under_autocast(DEVICE, torch.bfloat16)
 
 
 def test_weight_is_quantized_from_its_fp32_values():

@@ -1,10 +1,10 @@
-"""fp4gen.nn.Linear under CUDA autocast (bf16 and fp16) with fp32 parameters: the CPU checks of
-tests/test_autocast.py on the GPU kernels."""
+"""fp4gen.nn.Linear and fp4gen.nn.GroupedLinear under CUDA autocast (bf16 and fp16) with fp32 parameters: the CPU
+checks of tests/test_autocast.py on the GPU kernels."""
 import pytest
 import torch
 
 import fp4gen
-from test_autocast import check_mixed_model_under_autocast
+from test_autocast import check_grouped_linear_under_autocast, check_mixed_model_under_autocast
 
 pytestmark = pytest.mark.gpu
 
@@ -12,6 +12,11 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mixed_model_under_cuda_autocast(dtype):
     check_mixed_model_under_autocast("cuda", dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_grouped_linear_under_cuda_autocast(dtype):
+    check_grouped_linear_under_autocast("cuda", dtype)
 
 
 def test_converted_model_trains_under_cuda_autocast():
