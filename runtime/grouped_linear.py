@@ -22,6 +22,10 @@ from .recipe import Recipe
 from .rng import RNGState
 
 
+# The grouped GEMMs contract over in_features (fprop, wgrad's other operand) and out_features (dgrad) 64 at a time.
+GROUP_K_TILE = 64
+
+
 def _meta(layout: str, row_scaled: bool, four_over_six) -> tuple:
     """A grouped copy's static facts (grouped_torch_ops.Meta) as the recipe fixes them."""
     return (layout, row_scaled, _nn.e4m3_max_of(four_over_six))
@@ -87,6 +91,90 @@ def _group_sums(dy: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return sums.index_add_(0, group, dy.float())
 
 
+class StackedWeightCache:
+    """The quantized copies (rowwise and columnwise triples, one amax per expert) of one stacked [E, out, in] weight,
+    kept until the weight changes: its version counter, an optimizer step anywhere in the process, its storage,
+    dtype or device, or the recipe. Under torch.compile or CUDA-graph capture the quantization is part of the graph
+    instead (a cache hit there would leave a graph that never requantizes)."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self):
+        self.entry = None
+
+    def clear(self) -> None:
+        self.entry = None
+
+    def get(self, weight: torch.Tensor, recipe: Recipe):
+        w = weight.detach()
+        ops = grouped_torch_ops.for_caller()
+        if _nn.traced_or_captured(w):
+            q = _quantize_stacked(ops, w, recipe)
+            return q[:3], q[3:6]
+        key = (weight._version, _nn._optimizer_steps, w.data_ptr(), w.dtype, w.device, recipe)
+        if self.entry is None or self.entry[0] != key:
+            q = _quantize_stacked(ops, w, recipe)
+            self.entry = (key, q[:3], q[3:6])
+        return self.entry[1], self.entry[2]
+
+
+def _quantize_stacked(ops, w: torch.Tensor, recipe: Recipe):
+    return ops.quantize(w, None, "tensor", list(recipe.weight_block), True, True, "nearest", False,
+                        recipe.weight_four_over_six, _nn._no_rng(w))
+
+
+def check_stacked_weight(weight: torch.Tensor, bias: torch.Tensor | None, name: str = "weight") -> None:
+    """What the grouped path needs of a stacked weight [E, out, in] (and its bias [E, out]); `name` is the
+    parameter's name in the messages."""
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 3:
+        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"{name} has shape {shape}; a stacked expert weight is [num_experts, out, in]")
+    if weight.dtype not in _nn.PARAM_DTYPES:
+        raise TypeError(f"{name} is {weight.dtype}; fp4gen's grouped layers take bfloat16, float16 or float32 "
+                        f"weights")
+    for dim, value in (("out", weight.shape[1]), ("in", weight.shape[2])):
+        if value % GROUP_K_TILE:
+            raise ValueError(f"{name} has shape {tuple(weight.shape)}: its {dim} dimension {value} is not a "
+                             f"multiple of {GROUP_K_TILE} (the grouped GEMMs contract over both dimensions in "
+                             f"{GROUP_K_TILE}-element k-tiles)")
+    if bias is not None and tuple(bias.shape) != tuple(weight.shape[:2]):
+        raise ValueError(f"the bias of {name} has shape {tuple(bias.shape)}; it must be [num_experts, out] = "
+                         f"{tuple(weight.shape[:2])}")
+
+
+def grouped_linear(x: torch.Tensor, offsets, weight: torch.Tensor, bias: torch.Tensor | None, recipe: Recipe,
+                   weight_cache: StackedWeightCache, main_grad: torch.Tensor | None = None) -> torch.Tensor:
+    """Y [T, out]: each group's tokens X_g [T_g, in] times its expert's W_g [out, in] transposed (plus b_g), with
+    autograd through the three grouped NVFP4 GEMMs; what fp4gen.nn.GroupedLinear runs, for a stacked weight
+    that another module owns (check_stacked_weight's rules hold for it). x is cast to the autocast dtype under
+    torch.autocast, else it must have the weight's dtype; offsets are the cumulative group ends (a tensor on
+    x's device, never read on the host, or a host list)."""
+    num_experts, out_features, in_features = weight.shape
+    if x.dim() != 2 or x.shape[1] != in_features:
+        raise ValueError(f"x has shape {tuple(x.shape)}; the grouped layer takes tokens [T, {in_features}] "
+                         f"sorted by expert")
+    x = x.to(_compute_dtype(x, weight))
+    offsets = group_offsets(offsets, x.shape[0], x.device)  # int64 on x's device, checked without a sync
+    if offsets.shape[0] != num_experts:
+        raise ValueError(f"offsets has {offsets.shape[0]} group ends; the weight has {num_experts} experts")
+    need_wgrad = torch.is_grad_enabled() and weight.requires_grad
+    w_row, w_col = weight_cache.get(weight, recipe)
+    # stochastic rounding of dY draws from the device's default state, advanced by each backward
+    rng_state = RNGState.default(x.device).tensor if recipe.stochastic_rounding else _nn._no_rng(x)
+    return _GroupedLinearFunction.apply(x, offsets, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad,
+                                        rng_state)
+
+
+def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    autocast = _nn._autocast_dtype(x)
+    if autocast is not None:
+        return autocast
+    if x.dtype != weight.dtype:
+        raise TypeError(f"input dtype {x.dtype} differs from the layer's parameters ({weight.dtype}); "
+                        f"outside torch.autocast they must agree")
+    return x.dtype
+
+
 class GroupedLinear(torch.nn.Module):
     """num_experts linear layers (the experts of a mixture-of-experts block) that train with grouped NVFP4
     GEMMs: `layer(x, offsets)` maps tokens x [T, in_features], sorted by expert, to [T, out_features],
@@ -109,9 +197,9 @@ class GroupedLinear(torch.nn.Module):
         if not isinstance(num_experts, int) or num_experts < 1:
             raise ValueError(f"num_experts={num_experts!r}: it must be a positive int")
         for name, value in (("in_features", in_features), ("out_features", out_features)):
-            if value % 64:
-                raise ValueError(f"{name}={value}: fp4gen.nn.GroupedLinear needs a multiple of 64 (the grouped "
-                                 f"GEMMs contract over both in 64-element k-tiles)")
+            if value % GROUP_K_TILE:
+                raise ValueError(f"{name}={value}: fp4gen.nn.GroupedLinear needs a multiple of {GROUP_K_TILE} "
+                                 f"(the grouped GEMMs contract over both in {GROUP_K_TILE}-element k-tiles)")
         param_dtype = dtype if dtype is not None else torch.get_default_dtype()
         if param_dtype not in _nn.PARAM_DTYPES:
             raise ValueError(f"dtype={param_dtype}: fp4gen.nn.GroupedLinear keeps its parameters in bfloat16, "
@@ -126,7 +214,7 @@ class GroupedLinear(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.empty(num_experts, out_features, **factory)) if bias else None
         self.recipe = recipe if recipe is not None else Recipe()
         self.accumulate_main_grad = accumulate_main_grad
-        self._weight_cache = None
+        self._weight_cache = StackedWeightCache()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -140,52 +228,11 @@ class GroupedLinear(torch.nn.Module):
                 self.bias.uniform_(-bound, bound)
 
     def clear_weight_cache(self) -> None:
-        self._weight_cache = None
-
-    def _quantized_weight(self):
-        """(rowwise, columnwise) triples of the stacked weight, one amax per expert. Cached on the weight's version
-        counter and the optimizer steps in eager mode; under torch.compile or CUDA-graph capture the quantization
-        is part of the graph instead (a cache hit there would leave a graph that never requantizes)."""
-        w = self.weight.detach()
-        ops = grouped_torch_ops.for_caller()
-        if _nn.traced_or_captured(w):
-            q = self._quantize_weight(ops, w)
-            return q[:3], q[3:6]
-        key = (self.weight._version, _nn._optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
-        if self._weight_cache is None or self._weight_cache[0] != key:
-            q = self._quantize_weight(ops, w)
-            self._weight_cache = (key, q[:3], q[3:6])
-        return self._weight_cache[1], self._weight_cache[2]
-
-    def _quantize_weight(self, ops, w):
-        recipe = self.recipe
-        return ops.quantize(w, None, "tensor", list(recipe.weight_block), True, True, "nearest", False,
-                            recipe.weight_four_over_six, _nn._no_rng(w))
+        self._weight_cache.clear()
 
     def forward(self, x: torch.Tensor, offsets) -> torch.Tensor:
-        if x.dim() != 2 or x.shape[1] != self.in_features:
-            raise ValueError(f"x has shape {tuple(x.shape)}; GroupedLinear takes tokens [T, {self.in_features}] "
-                             f"sorted by expert")
-        x = x.to(self._compute_dtype(x))
-        offsets = group_offsets(offsets, x.shape[0], x.device)  # int64 on x's device, checked without a sync
-        if offsets.shape[0] != self.num_experts:
-            raise ValueError(f"offsets has {offsets.shape[0]} group ends; this layer has {self.num_experts} experts")
-        need_wgrad = torch.is_grad_enabled() and self.weight.requires_grad
         main_grad = _nn.main_grad_of(self.weight) if self.accumulate_main_grad else None
-        w_row, w_col = self._quantized_weight()
-        # stochastic rounding of dY draws from the device's default state, advanced by each backward
-        rng_state = RNGState.default(x.device).tensor if self.recipe.stochastic_rounding else _nn._no_rng(x)
-        return _GroupedLinearFunction.apply(x, offsets, self.weight, self.bias, w_row, w_col, self.recipe, main_grad,
-                                            need_wgrad, rng_state)
-
-    def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
-        autocast = _nn._autocast_dtype(x)
-        if autocast is not None:
-            return autocast
-        if x.dtype != self.weight.dtype:
-            raise TypeError(f"input dtype {x.dtype} differs from the layer's parameters ({self.weight.dtype}); "
-                            f"outside torch.autocast they must agree")
-        return x.dtype
+        return grouped_linear(x, offsets, self.weight, self.bias, self.recipe, self._weight_cache, main_grad)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "
