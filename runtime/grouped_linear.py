@@ -95,27 +95,37 @@ class StackedWeightCache:
     """The quantized copies (rowwise and columnwise triples, one amax per expert) of one stacked [E, out, in] weight,
     kept until the weight changes: its version counter, an optimizer step anywhere in the process, its storage,
     dtype or device, or the recipe. Under torch.compile or CUDA-graph capture the quantization is part of the graph
-    instead (a cache hit there would leave a graph that never requantizes)."""
+    instead (a cache hit there would leave a graph that never requantizes).
 
-    __slots__ = ("entry",)
+    transposed=True: the weight is the [E, out, in] view (transpose(1, 2)) of a parameter stored [E, in, out]. The
+    stored parameter is quantized as it lies and its two copies swap roles: a columnwise copy is by definition the
+    rowwise quantization of the transpose, with the same per-expert amax, for 1x16 and 16x16 blocks alike, so the
+    bytes are those of the [E, out, in] weight's own copies, without a transposed copy of the weight."""
 
-    def __init__(self):
+    __slots__ = ("entry", "transposed")
+
+    def __init__(self, transposed: bool = False):
         self.entry = None
+        self.transposed = transposed
 
     def clear(self) -> None:
         self.entry = None
 
     def get(self, weight: torch.Tensor, recipe: Recipe):
         w = weight.detach()
+        if self.transposed:
+            w = w.transpose(1, 2)  # the stored [E, in, out] parameter
         ops = grouped_torch_ops.for_caller()
         if _nn.traced_or_captured(w):
-            q = _quantize_stacked(ops, w, recipe)
-            return q[:3], q[3:6]
+            return self._copies(_quantize_stacked(ops, w, recipe))
         key = (weight._version, _nn._optimizer_steps, w.data_ptr(), w.dtype, w.device, recipe)
         if self.entry is None or self.entry[0] != key:
-            q = _quantize_stacked(ops, w, recipe)
-            self.entry = (key, q[:3], q[3:6])
+            self.entry = (key, *self._copies(_quantize_stacked(ops, w, recipe)))
         return self.entry[1], self.entry[2]
+
+    def _copies(self, q) -> tuple:
+        """(rowwise, columnwise) triples of the [E, out, in] weight."""
+        return (q[3:6], q[:3]) if self.transposed else (q[:3], q[3:6])
 
 
 def _quantize_stacked(ops, w: torch.Tensor, recipe: Recipe):
