@@ -113,6 +113,22 @@ def test_experts_equal_grouped_linear_layers(kind):
         assert torch.allclose(experts.down_proj_bias.grad, layers[1].bias.grad, rtol=1e-6, atol=1e-7)
 
 
+def test_experts_under_torch_compile_match_eager():
+    """fullgraph: the sort, the group ends and the grouped custom ops trace without a graph break."""
+    experts = experts_of(tiny_moe("qwen3", NEAREST))
+    hidden_states, top_k_index, top_k_weights = routed()
+    compiled = torch.compile(experts, fullgraph=True, backend="aot_eager")
+    grads = []
+    for fn in (experts, compiled):
+        x = hidden_states.clone().requires_grad_()
+        out = fn(x, top_k_index, top_k_weights)
+        out.square().sum().backward()
+        grads.append((out, x.grad, experts.down_proj.grad.clone()))
+        experts.zero_grad()
+    for eager, traced in zip(*grads):
+        assert torch.equal(eager, traced)
+
+
 def test_routing_is_the_models_own():
     """Against the model's own experts in fp32 (transformers' grouped_mm implementation) the NVFP4 output differs by
     quantization noise only; the same experts fed a wrong routing (every choice moved to the next expert) are far
