@@ -86,6 +86,22 @@ def weight_grad(experts, name):
     return grad.transpose(1, 2) if experts.is_transposed else grad
 
 
+def check_equal_to_grouped_linear_layers(experts, x, out, dout, top_k_index, top_k_weights):
+    """The experts' output `out` of tokens x (a leaf), after out.backward(dout), against grouped_linear_loop's:
+    outputs and every gradient bit for bit (the bias gradients, summed with index_add_, to fp32 rounding)."""
+    x_loop = x.detach().clone().requires_grad_()
+    expected, layers = grouped_linear_loop(experts, x_loop, top_k_index, top_k_weights,
+                                           fp4gen.Recipe(stochastic_rounding=False))
+    expected.backward(dout)
+    assert torch.equal(out, expected)
+    assert torch.equal(x.grad, x_loop.grad)
+    assert torch.equal(weight_grad(experts, "gate_up_proj"), layers[0].weight.grad)
+    assert torch.equal(weight_grad(experts, "down_proj"), layers[1].weight.grad)
+    assert not experts.gate_up_proj.grad[3].any()  # routed() gives expert 3 no tokens
+    if experts.has_bias:
+        assert torch.allclose(experts.down_proj_bias.grad, layers[1].bias.grad, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("kind", ["qwen3", "mixtral", "gpt_oss"])
 def test_experts_equal_grouped_linear_layers(kind):
     model = tiny_moe(kind, NEAREST)
@@ -99,18 +115,7 @@ def test_experts_equal_grouped_linear_layers(kind):
     out = experts(x, top_k_index, top_k_weights)
     dout = torch.randn_like(out)
     out.backward(dout)
-
-    x_loop = hidden_states.clone().requires_grad_()
-    expected, layers = grouped_linear_loop(experts, x_loop, top_k_index, top_k_weights,
-                                           fp4gen.Recipe(stochastic_rounding=False))
-    expected.backward(dout)
-    assert torch.equal(out, expected)
-    assert torch.equal(x.grad, x_loop.grad)
-    assert torch.equal(weight_grad(experts, "gate_up_proj"), layers[0].weight.grad)
-    assert torch.equal(weight_grad(experts, "down_proj"), layers[1].weight.grad)
-    assert not experts.gate_up_proj.grad[3].any()  # the expert with no tokens
-    if experts.has_bias:
-        assert torch.allclose(experts.down_proj_bias.grad, layers[1].bias.grad, rtol=1e-6, atol=1e-7)
+    check_equal_to_grouped_linear_layers(experts, x, out, dout, top_k_index, top_k_weights)
 
 
 def test_experts_under_torch_compile_match_eager():

@@ -4,9 +4,8 @@ and backward, and a tiny MoE model training under CUDA autocast."""
 import pytest
 import torch
 
-import fp4gen
 from conftest import run_without_host_sync
-from test_hf_experts import NEAREST, experts_of, grouped_linear_loop, routed, tiny_moe, weight_grad
+from test_hf_experts import NEAREST, check_equal_to_grouped_linear_layers, experts_of, routed, tiny_moe
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers", minversion="5.0")
@@ -23,21 +22,13 @@ def test_experts_equal_grouped_linear_layers_on_cuda_without_syncs(kind):
     result = {}
 
     def step():  # run twice: warm, then with every synchronizing operation raising
-        x.grad = experts.gate_up_proj.grad = experts.down_proj.grad = None
+        x.grad = None
+        experts.zero_grad(set_to_none=True)
         result["out"] = experts(x, top_k_index, top_k_weights)
         result["out"].backward(dout)
 
     run_without_host_sync(step)
-    out = result["out"]
-    x_loop = hidden_states.clone().requires_grad_()
-    expected, layers = grouped_linear_loop(experts, x_loop, top_k_index, top_k_weights,
-                                           fp4gen.Recipe(stochastic_rounding=False))
-    expected.backward(dout)
-    assert torch.equal(out, expected)
-    assert torch.equal(x.grad, x_loop.grad)
-    assert torch.equal(weight_grad(experts, "gate_up_proj"), layers[0].weight.grad)
-    assert torch.equal(weight_grad(experts, "down_proj"), layers[1].weight.grad)
-    assert not experts.gate_up_proj.grad[3].any()
+    check_equal_to_grouped_linear_layers(experts, x, result["out"], dout, top_k_index, top_k_weights)
 
 
 def test_moe_model_trains_under_cuda_autocast():
