@@ -290,7 +290,8 @@ class Linear(torch.nn.Linear):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features in its last dimension; this layer takes "
                              f"in_features={self.in_features}")
-        x2d = _as(x.reshape(-1, self.in_features), self._compute_dtype(x))  # autocast's cast, differentiable
+        flat = x.dim() == 2  # [tokens, in_features] already: no view, and no view node for autograd to walk back
+        x2d = _as(x if flat else x.reshape(-1, self.in_features), self._compute_dtype(x))  # autocast's cast
         tokens = x2d.shape[0]
         need_wgrad = torch.is_grad_enabled() and self.weight.requires_grad
         if need_wgrad and tokens % BLOCK:
@@ -300,13 +301,13 @@ class Linear(torch.nn.Linear):
         if not torch.is_grad_enabled():  # inference: no graph to record, nothing to save for backward
             y = _fprop(torch_ops.for_caller(), x2d, qw_row, self.recipe, False,
                        self._epilogue_bias(GEMM_OUT[x2d.dtype]))[0]
-            return y.reshape(*x.shape[:-1], self.out_features)
+            return y if flat else y.reshape(*x.shape[:-1], self.out_features)
         main_grad = main_grad_of(self.weight) if self.accumulate_main_grad else None
         # stochastic rounding of dY draws from the device's default state, advanced by each backward
         rng_state = RNGState.default(x2d.device).tensor if self.recipe.stochastic_rounding else _no_rng(x2d)
         y = _NVFP4LinearFunction.apply(x2d, self.weight, self.bias, qw_row, qw_col, self.recipe, main_grad,
                                        need_wgrad, rng_state, self._epilogue_bias(GEMM_OUT[x2d.dtype]))
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe}"
