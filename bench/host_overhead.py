@@ -6,7 +6,8 @@ fastest of several rounds (host timings only gain from noise); "GPU us" is the s
 finishes long before the host has issued the next call. "launches" counts the kernels (and memsets) one
 call puts on the stream (torch.profiler). The "one thread" rows run backward on the calling thread
 (torch.autograd.set_multithreading_enabled(False)) instead of autograd's device thread; the "no_grad" rows
-time an inference forward, the "frozen weight" rows a step without a weight gradient.
+time an inference forward, the "frozen weight" rows a step without a weight gradient, the "3-D input" rows a step
+on [batch, sequence, features] input.
 
 --launchers python,cpp times every op with each launcher (FP4GEN_LAUNCHER's two choices) in turn, round by
 round in one process, and prints their host times side by side: this host's timings move by up to 1.7x from
@@ -60,6 +61,8 @@ def cases():
     frozen_layer = fp4gen.nn.Linear(COLS, COLS, device=dev, dtype=torch.bfloat16).requires_grad_(False)
     xg = x.clone().requires_grad_(True)
     dy = torch.randn(ROWS, COLS, device=dev, dtype=torch.bfloat16)
+    x3 = x.view(4, ROWS // 4, COLS).clone().requires_grad_(True)  # [batch, sequence, features], as in a model
+    dy3 = dy.view(4, ROWS // 4, COLS)
     return [
         ("torch: x.abs()", lambda: x.abs()),
         ("torch: F.linear (bf16)", lambda: torch.nn.functional.linear(x, w)),
@@ -70,6 +73,8 @@ def cases():
         ("fp4gen.gemm", lambda: fp4gen.gemm(xq, wq)),
         ("torch.nn.Linear fwd+bwd (bf16)", lambda: ref(xg).backward(dy)),
         ("fp4gen.nn.Linear fwd+bwd", lambda: layer(xg).backward(dy)),
+        ("torch.nn.Linear fwd+bwd, 3-D input", lambda: ref(x3).backward(dy3)),
+        ("fp4gen.nn.Linear fwd+bwd, 3-D input", lambda: layer(x3).backward(dy3)),
         # backward on the calling thread instead of autograd's device thread: what the thread handoff costs
         ("torch.nn.Linear fwd+bwd, one thread", single_threaded(lambda: ref(xg).backward(dy))),
         ("fp4gen.nn.Linear fwd+bwd, one thread", single_threaded(lambda: layer(xg).backward(dy))),
