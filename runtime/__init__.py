@@ -1,8 +1,9 @@
 """fp4gen: generated NVFP4 kernels for row-scaled low-precision training.
 
 Public API: quantize, dequantize, gemm, quantize_grouped, grouped_gemm, NVFP4Tensor, NVFP4Data, GroupedNVFP4Tensor,
-GroupedNVFP4Data, Recipe, RNGState, nn.Linear, convert, unconvert,
-ConversionReport, BuildError, KernelError. docs/api.md in the source tree describes each.
+GroupedNVFP4Data, Recipe, RNGState, nn.Linear, nn.GroupedLinear, convert, unconvert, ConversionReport, BuildError,
+KernelError; and the submodule fp4gen.hf_experts (imported explicitly: it needs Hugging Face transformers), the
+experts of transformers' mixture-of-experts models in NVFP4. docs/api.md in the source tree describes each.
 """
 from importlib import metadata as _metadata
 
