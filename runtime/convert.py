@@ -28,11 +28,13 @@ class ConversionReport:
     action: str  # "convert" or "unconvert"
     converted: list = field(default_factory=list)
     skipped: list = field(default_factory=list)  # [(name, reason)]
+    notes: list = field(default_factory=list)  # what else the caller should know (str), such as experts left alone
 
     def __str__(self) -> str:
         lines = [f"fp4gen.{self.action}: {len(self.converted)} converted, {len(self.skipped)} skipped"]
         lines += [f"  converted  {name}" for name in self.converted]
         lines += [f"  skipped    {name}: {reason}" for name, reason in self.skipped]
+        lines += [f"  note       {note}" for note in self.notes]
         return "\n".join(lines)
 
 
@@ -126,7 +128,26 @@ def convert(model: torch.nn.Module, recipe: Recipe | None = None, skip=None) -> 
         module.__class__ = Linear
         module._init_nvfp4(recipe, accumulate_main_grad=False)
         report.converted.append(names[0])
+    note = _experts_note(model)
+    if note:
+        report.notes.append(note)
     return report
+
+
+def _experts_note(model: torch.nn.Module):
+    """A note on the experts of a transformers mixture-of-experts model that do not run in NVFP4 (their stacked
+    weights are no torch.nn.Linear, which convert takes), or None."""
+    from . import hf_experts  # needs no transformers to look
+
+    others = [(name, implementation) for name, _, implementation in hf_experts.experts_modules(model)
+              if not hf_experts.runs_in_nvfp4(implementation)]
+    if not others:
+        return None
+    (first, implementation), more = others[0], len(others) - 1
+    where = first + (f" and {more} more" if more else "")
+    return (f"the experts of {where} (transformers' stacked expert weights, not torch.nn.Linear layers) keep their "
+            f"implementation {implementation!r}: fp4gen.hf_experts runs them in NVFP4 (fp4gen.hf_experts.register(), "
+            f"then model.set_experts_implementation(\"fp4gen\"))")
 
 
 def unconvert(model: torch.nn.Module, skip=None) -> ConversionReport:

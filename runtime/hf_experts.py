@@ -25,6 +25,7 @@ from .grouped_linear import StackedWeightCache, check_stacked_weight, grouped_li
 from .recipe import Recipe
 
 NAME = "fp4gen"
+_REGISTERED = set()  # the names register() has added in this process
 
 
 def register(name: str = NAME, recipe: Recipe | None = None) -> None:
@@ -38,6 +39,25 @@ def register(name: str = NAME, recipe: Recipe | None = None) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     _experts_interface().register(name, _ExpertsForward(recipe))
+    _REGISTERED.add(name)
+
+
+def experts_modules(model: torch.nn.Module) -> list:
+    """[(name, module, implementation)] of the transformers experts modules in `model` (modules that
+    transformers' use_experts_implementation set up: stacked expert weights, an experts implementation chosen
+    by the model's config), found without importing transformers."""
+    found = []
+    for name, module in model.named_modules():
+        config = getattr(module, "config", None)
+        if (hasattr(module, "has_gate") and hasattr(module, "is_transposed") and hasattr(module, "_apply_gate")
+                and hasattr(config, "_experts_implementation")):
+            found.append((name, module, config._experts_implementation))
+    return found
+
+
+def runs_in_nvfp4(implementation) -> bool:
+    """Whether an experts implementation name is one that register() added."""
+    return implementation in _REGISTERED
 
 
 def _experts_interface():

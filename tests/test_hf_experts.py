@@ -194,6 +194,17 @@ def test_unsupported_experts_raise():
         narrow(hidden_states, top_k_index, top_k_weights)
 
 
+def test_convert_notes_experts_that_do_not_run_in_nvfp4():
+    report = fp4gen.convert(tiny_moe("qwen3", "grouped_mm"), skip="lm_head")
+    assert len(report.converted) == 8  # the attention projections; the experts are no torch.nn.Linear layers
+    assert report.notes == [
+        "the experts of model.layers.0.mlp.experts and 1 more (transformers' stacked expert weights, not "
+        "torch.nn.Linear layers) keep their implementation 'grouped_mm': fp4gen.hf_experts runs them in NVFP4 "
+        "(fp4gen.hf_experts.register(), then model.set_experts_implementation(\"fp4gen\"))"]
+    assert "note       the experts of model.layers.0.mlp.experts and 1 more" in str(report)
+    assert fp4gen.convert(tiny_moe("qwen3", NEAREST), skip="lm_head").notes == []
+
+
 def test_register_checks_its_arguments():
     with pytest.raises(TypeError, match="recipe must be an fp4gen.Recipe"):
         fp4gen.hf_experts.register(recipe="default")
