@@ -3,6 +3,9 @@
 biases). Each expert projection must equal fp4gen.nn.GroupedLinear over the same weights and tokens, grouped here
 without the implementation's sort; the routing must be the model's own (close to its fp32 experts, far from a
 wrong routing); the quantized weights must be reused until an optimizer step."""
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -203,6 +206,17 @@ def test_convert_notes_experts_that_do_not_run_in_nvfp4():
         "(fp4gen.hf_experts.register(), then model.set_experts_implementation(\"fp4gen\"))"]
     assert "note       the experts of model.layers.0.mlp.experts and 1 more" in str(report)
     assert fp4gen.convert(tiny_moe("qwen3", NEAREST), skip="lm_head").notes == []
+
+
+def test_the_benchmarks_check_runs_both_implementations_on_the_cpu():
+    """bench/hf_experts.py --check (imported by path: bench/ is not a package): the same experts module and routing
+    through transformers' grouped_mm and through fp4gen, their outputs apart by NVFP4's error only."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "hf_experts.py"
+    spec = importlib.util.spec_from_file_location("fp4gen_hf_experts_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    errors = bench.check()
+    assert list(errors) == ["qwen3 (small)"] and 0.05 < errors["qwen3 (small)"] < 0.4
 
 
 def test_register_checks_its_arguments():
