@@ -106,11 +106,26 @@ class _ExpertsForward:
             weight, label = weight.transpose(1, 2), f"{label}.transpose(1, 2)"
         bias = getattr(experts, f"{name}_bias", None) if experts.has_bias else None
         check_stacked_weight(weight, bias, label)
-        caches = experts.__dict__.setdefault("_fp4gen_weight_caches", {})
-        cache = caches.get(name)
-        if cache is None or cache.transposed != transposed:
-            cache = caches[name] = StackedWeightCache(transposed)
-        return grouped_linear(x, offsets, weight, bias, self.recipe, cache)
+        return grouped_linear(x, offsets, weight, bias, self.recipe, _weight_cache(experts, name, transposed))
+
+
+# What torch.compile's traced calls use when the module keeps no caches yet: a traced call quantizes inside the graph
+# and never stores into a cache (nor could it add the attribute: the tracer takes no writes to a module's __dict__).
+_TRACED_CACHES = {False: StackedWeightCache(False), True: StackedWeightCache(True)}
+
+
+def _weight_cache(experts: torch.nn.Module, name: str, transposed: bool) -> StackedWeightCache:
+    """The experts module's cache of parameter `name`'s quantized copies, made at its first eager call."""
+    caches = getattr(experts, "_fp4gen_weight_caches", None)
+    cache = caches.get(name) if caches is not None else None
+    if cache is not None and cache.transposed == transposed:
+        return cache
+    if torch.compiler.is_compiling():
+        return _TRACED_CACHES[transposed]
+    if caches is None:
+        caches = experts._fp4gen_weight_caches = {}
+    cache = caches[name] = StackedWeightCache(transposed)
+    return cache
 
 
 def _check_layout(experts: torch.nn.Module) -> None:

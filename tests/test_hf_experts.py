@@ -122,12 +122,13 @@ def test_experts_equal_grouped_linear_layers(kind):
 
 
 def test_experts_under_torch_compile_match_eager():
-    """fullgraph: the sort, the group ends and the grouped custom ops trace without a graph break."""
+    """fullgraph: the sort, the group ends and the grouped custom ops trace without a graph break (traced first,
+    before any eager call has given the module its weight caches)."""
     experts = experts_of(tiny_moe("qwen3", NEAREST))
     hidden_states, top_k_index, top_k_weights = routed()
     compiled = torch.compile(experts, fullgraph=True, backend="aot_eager")
     grads = []
-    for fn in (experts, compiled):
+    for fn in (compiled, experts):
         x = hidden_states.clone().requires_grad_()
         out = fn(x, top_k_index, top_k_weights)
         out.square().sum().backward()
