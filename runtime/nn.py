@@ -26,7 +26,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import torch_ops
-from .api import INPUT_DTYPES, dtype_names
+from .api import INPUT_DTYPES, choose_backend, dtype_names
 from .formats import BLOCK
 from .recipe import Recipe
 from .rng import RNGState
@@ -75,6 +75,19 @@ def _count_optimizer_step(optimizer, args, kwargs):
 register_optimizer_step_post_hook(_count_optimizer_step)
 
 
+def _step_plans(ops, t: torch.Tensor):
+    """fp4gen.cuda.linear_steps where an eager step on t can run as one launch plan a direction (CUDA tensors of
+    the CUDA backend through the C++ launcher, bf16 or fp32, whose GEMMs write that dtype), else None."""
+    if (ops is not torch_ops.EAGER or not t.is_cuda or t.dtype not in _STEP_DTYPES or not t.numel()
+            or t.stride(-1) != 1 or choose_backend(t.device, None) != "cuda"):
+        return None
+    from .cuda import launcher, linear_steps
+    return linear_steps if launcher.enabled() else None
+
+
+_STEP_DTYPES = (torch.bfloat16, torch.float32)  # GEMM_OUT keeps them: the GEMMs write the layer's dtype
+
+
 def _fprop(ops, x2d, w_row, recipe, need_wgrad, epilogue_bias) -> tuple:
     """(Y = X Wᵀ (+ the bias, in the epilogue) in x2d's dtype, X's quantize outputs, X's and W's e4m3_max).
     X's columnwise copy (for wgrad) is made only with need_wgrad."""
@@ -82,10 +95,15 @@ def _fprop(ops, x2d, w_row, recipe, need_wgrad, epilogue_bias) -> tuple:
     # is quantized from the RHT of X along the tokens, like dY's in backward
     x_hadamard = recipe.hadamard_wgrad and need_wgrad
     x_four_over_six = recipe.activation_four_over_six
-    q = ops.quantize(x2d, recipe.activation_scaling, [1, BLOCK], True, need_wgrad, "nearest", x_hadamard,
-                     x_four_over_six, _no_rng(x2d))
     x_e4m3_max = e4m3_max_of(x_four_over_six)
     w_e4m3_max = e4m3_max_of(recipe.weight_four_over_six)
+    steps = _step_plans(ops, x2d)
+    step = steps and steps.forward_step(x2d, w_row, recipe, need_wgrad, epilogue_bias, x_e4m3_max, w_e4m3_max)
+    if step:  # the same kernels as the calls below, from one launch plan
+        y, x_col = step.run(x2d, w_row, epilogue_bias)
+        return y, (None,) * 3 + (x_col or (None,) * 3), x_e4m3_max, w_e4m3_max
+    q = ops.quantize(x2d, recipe.activation_scaling, [1, BLOCK], True, need_wgrad, "nearest", x_hadamard,
+                     x_four_over_six, _no_rng(x2d))
     # The bias is added in the GEMM's epilogue (epilogue_bias: Linear._epilogue_bias), in fp32 before Y's
     # one rounding (no pass over Y).
     y = ops.gemm(*q[:3], *w_row, GEMM_OUT[x2d.dtype], x_e4m3_max, w_e4m3_max, epilogue_bias)
@@ -123,7 +141,19 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         # db from the pass that quantizes dY (its amax pass sums the columns) where that pass has an amax pass of
         # its own: tensor-scaled gradients in eager mode; else summed on its own below
         sums_with_dy = ctx.bias_dtype is not None and recipe.gradient_scaling == "tensor" and ops is torch_ops.EAGER
-        if ctx.needs_x_grad or ctx.need_wgrad:
+        steps = (_step_plans(ops, dy) if (ctx.needs_x_grad or ctx.need_wgrad) and ctx.w_dtype in _STEP_DTYPES
+                 else None)
+        step = steps and steps.backward_step(dy, w_col, x_col, ctx.main_grad, recipe, ctx.needs_x_grad,
+                                             ctx.need_wgrad, sums_with_dy, ctx.x_dtype, ctx.w_dtype,
+                                             ctx.x_e4m3_max, ctx.w_e4m3_max)
+        if step:  # the same kernels as the calls below, from one launch plan
+            stochastic = recipe.gradient_rounding == "stochastic"
+            dx, dw, sums = step.run(dy, ctx.rng_state if stochastic else None, w_col, x_col, ctx.main_grad)
+            if stochastic:
+                RNGState.from_tensor(ctx.rng_state).advance()  # as fp4gen.quantize does after its kernels
+            if sums_with_dy:
+                db = _as(sums, ctx.bias_dtype)
+        elif ctx.needs_x_grad or ctx.need_wgrad:
             q = ops.quantize(dy, recipe.gradient_scaling, [1, BLOCK], ctx.needs_x_grad, ctx.need_wgrad,
                              recipe.gradient_rounding, recipe.hadamard_wgrad and ctx.need_wgrad, None, ctx.rng_state,
                              *((True,) if sums_with_dy else ()))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fp4gen.cuda import launch_plan, ops
-from fp4gen.cuda.launch_plan import INPUT, RNG, LaunchPlan, remember
+from fp4gen.cuda.launch_plan import INPUT, RNG, LaunchPlan, Slot, remember
 from fp4gen.formats import NVFP4Data
 from fp4gen.options import DEFAULT_OPTIONS
 
@@ -137,3 +137,22 @@ def test_a_gemm_plan_is_kept_only_once_its_kernel_choice_is_final(monkeypatch):
     assert choices == [False, False, True] and len(ops._GEMM_PLANS) == 1
     ops.gemm_kernel(operand(17, 64), b, torch.bfloat16, measure=True)  # another M is another problem
     assert len(ops._GEMM_PLANS) == 2
+
+
+def test_an_included_plan_takes_its_inputs_from_the_outer_plan_and_its_buffers_become_the_outer_plans():
+    inner = LaunchPlan(inputs=3)
+    out = inner.buffer(4, dtype=torch.float32)
+    inner.zero(out)
+    inner.launch("inner", Slot(0), Slot(1), Slot(2), out, 5)
+    outer = LaunchPlan(inputs=2)
+    first = outer.buffer(8)
+    outer.launch("outer", INPUT, first)
+    mapping = outer.include(inner, [first, INPUT, None])  # inner's inputs: outer's buffer, outer's input, null
+    assert mapping[out] == Slot(3) and outer.zeroed == [Slot(3)]
+    calls, launch = recording()
+    x = torch.zeros(2)
+    buffers = outer.run(launch, [x, None], x.device)
+    assert [tuple(b.shape) for b in buffers] == [(8,), (4,)] and torch.equal(buffers[1], torch.zeros(4))
+    assert calls[1] == ("inner", x.device, (buffers[0].data_ptr(), x.data_ptr(), None, buffers[1].data_ptr(), 5))
+    with pytest.raises(ValueError, match="takes 3 inputs, got 2"):
+        outer.include(inner, [first, INPUT])

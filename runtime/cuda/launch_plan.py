@@ -51,6 +51,22 @@ class LaunchPlan:
         """Zero these buffers in each run (None and repeats are skipped)."""
         self.zeroed += [slot for slot in dict.fromkeys(slots) if slot is not None and slot not in self.zeroed]
 
+    def include(self, other: "LaunchPlan", inputs: list) -> dict:
+        """Append other's buffers, zeroing and launches to this plan, with other's input i standing for
+        inputs[i] (a slot of this plan, or None for a null pointer); returns other's slots -> this plan's."""
+        if len(inputs) != other.inputs:
+            raise ValueError(f"the included plan takes {other.inputs} inputs, got {len(inputs)}")
+        mapping = dict(enumerate(inputs))
+        for index, (shape, dtype) in enumerate(other.buffers):
+            mapping[other.inputs + index] = self.buffer(*shape, dtype=dtype)
+        self.zero(*(mapping[slot] for slot in other.zeroed))
+        for kernel, template, slots in other.launches:
+            args = list(template)
+            for position, slot in slots:
+                args[position] = mapping[slot]
+            self.launch(kernel, *args)
+        return mapping
+
     def run(self, launch, inputs: list, device: torch.device) -> list:
         """Allocate the buffers on `device`, then launch each kernel with its slots filled from `inputs` (tensors
         or None, one per input slot) and the buffers; returns the buffers (see tensor()). Through the C++

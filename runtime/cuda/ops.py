@@ -117,12 +117,12 @@ def row_pass_limits(max_row_bytes: int):
     global ROW_PASS_MAX_ROW_BYTES, ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES
     saved = ROW_PASS_MAX_ROW_BYTES, ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES
     ROW_PASS_MAX_ROW_BYTES = ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES = max_row_bytes
-    _QUANTIZE_PLANS.clear()  # the plans chose with the limits they saw
+    _forget_quantize_plans()  # the plans chose with the limits they saw
     try:
         yield
     finally:
         ROW_PASS_MAX_ROW_BYTES, ROW_PASS_ROWWISE_ONLY_MAX_ROW_BYTES = saved
-        _QUANTIZE_PLANS.clear()
+        _forget_quantize_plans()
 
 
 def uses_row_pass(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool) -> bool:
@@ -174,16 +174,26 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     if rows > 0 and cols > 1 and x.stride(1) != 1:
         raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
                          f"elements (last stride 1); pass x.contiguous()")
+    plan = quantize_plan(x, scaling, block, rowwise, columnwise, options, column_sums)
+    buffers = plan.run(_launch, [x, _rng_state(options)], x.device)
+    row, col, e4m3_max, sums = plan.result
+    copies = _copy(plan, buffers, row, e4m3_max), _copy(plan, buffers, col, e4m3_max)
+    return (*copies, plan.tensor(buffers, sums)) if column_sums else copies
+
+
+def quantize_plan(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
+                  options: QuantizeOptions, column_sums: bool = False) -> LaunchPlan:
+    """The launch plan of quantize() for this kind of call (made on the first one): its inputs are x and the random
+    state; plan.result is (rowwise copy's (data, scale, amax) slots or None, the columnwise copy's, e4m3_max, the
+    column sums' slot or None)."""
+    rows, cols = x.shape
     key = (x.device.index, x.dtype, rows, cols, x.stride(0) if rows > 1 else cols, x.data_ptr() % 16, scaling,
            block, rowwise, columnwise, options.rounding, options.hadamard, options.four_over_six, column_sums)
     plan = _QUANTIZE_PLANS.get(key)
     if plan is None:
         plan = remember(_QUANTIZE_PLANS, key, _plan_quantize(x, scaling, block, rowwise, columnwise, options,
                                                              column_sums))
-    buffers = plan.run(_launch, [x, _rng_state(options)], x.device)
-    row, col, e4m3_max, sums = plan.result
-    copies = _copy(plan, buffers, row, e4m3_max), _copy(plan, buffers, col, e4m3_max)
-    return (*copies, plan.tensor(buffers, sums)) if column_sums else copies
+    return plan
 
 
 def _copy(plan: LaunchPlan, buffers: list, slots, e4m3_max: float):
@@ -507,12 +517,22 @@ _GEMM_PLANS = {}  # (device, out dtype, M, N, K, operand row strides and address
 _TUNING_CACHES = {}  # device index -> autotune.TuningCache
 
 
+# Caches of plans composed from the ones above (linear_steps.py): forgotten with them.
+DEPENDENT_PLANS = []
+
+
+def _forget_quantize_plans() -> None:
+    _QUANTIZE_PLANS.clear()
+    for plans in DEPENDENT_PLANS:
+        plans.clear()
+
+
 def clear_plans() -> None:
     """Forget every memoised kernel choice and launch plan: the next call of each kind of problem chooses
     again, reading FP4GEN_KERNEL and FP4GEN_AUTOTUNE afresh (measurements on disk stay)."""
     _PLANS.clear()
     _GEMM_PLANS.clear()
-    _QUANTIZE_PLANS.clear()
+    _forget_quantize_plans()
 
 
 def _tuning_cache(device: torch.device) -> autotune.TuningCache:
@@ -542,11 +562,7 @@ def gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, measure: boo
 def _gemm_plan(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, measure: bool, accumulate: bool) -> _GemmPlan:
     """The problem's _GemmPlan, kept once its kernel choice is final (a rule's choice that a later eager call
     may replace by a measurement is not kept)."""
-    (m, k), n = a.shape, b.shape[0]
-    a_data, a_scale, b_data, b_scale = a.data, a.scale, b.data, b.scale
-    key = (a_data.device.index, out_dtype, m, n, k, a_data.stride(0), a_scale.stride(0), b_data.stride(0),
-           b_scale.stride(0), a_data.data_ptr() % 16, a_scale.data_ptr() % 16, b_data.data_ptr() % 16,
-           b_scale.data_ptr() % 16)
+    key = _gemm_key(a, b, out_dtype)
     plan = _GEMM_PLANS.get(key)
     if plan is None:
         kernel, final = _choose_gemm_kernel(a, b, out_dtype, measure, accumulate)
@@ -554,6 +570,14 @@ def _gemm_plan(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, measure: bool
         if final:
             remember(_GEMM_PLANS, key, plan)
     return plan
+
+
+def _gemm_key(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype) -> tuple:
+    (m, k), n = a.shape, b.shape[0]
+    a_data, a_scale, b_data, b_scale = a.data, a.scale, b.data, b.scale
+    return (a_data.device.index, out_dtype, m, n, k, a_data.stride(0), a_scale.stride(0), b_data.stride(0),
+            b_scale.stride(0), a_data.data_ptr() % 16, a_scale.data_ptr() % 16, b_data.data_ptr() % 16,
+            b_scale.data_ptr() % 16)
 
 
 def _choose_gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, measure: bool,
@@ -667,12 +691,50 @@ def _gemm_launch(plan: _GemmPlan, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.d
     elif accumulate:
         d = torch.empty(m, n_run, dtype=out_dtype, device=a.device)
         d[:, :n].copy_(out)
-    key = (operand_strides, d.stride(0) if d is not None else None, bias is not None, accumulate, a.row_scaled,
-           b.row_scaled, a.e4m3_max, b.e4m3_max)
+    launches = _gemm_launch_plan(plan, a, b, out_dtype, operand_strides, d.stride(0) if d is not None else None,
+                                 bias is not None, accumulate)
+    return launches, [*operands, a.amax.contiguous(), col_amax, bias, d], d
+
+
+def _gemm_launch_plan(plan: _GemmPlan, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, operand_strides: tuple,
+                      d_stride, has_bias: bool, accumulate: bool) -> LaunchPlan:
+    key = (operand_strides, d_stride, has_bias, accumulate, a.row_scaled, b.row_scaled, a.e4m3_max, b.e4m3_max)
     launches = plan.launch_plans.get(key)
     if launches is None:
-        launches = plan.launch_plans[key] = _plan_gemm(plan, a.device, m, k, out_dtype, *key)
-    return launches, [*operands, a.amax.contiguous(), col_amax, bias, d], d
+        launches = plan.launch_plans[key] = _plan_gemm(plan, a.device, a.shape[0], a.shape[1], out_dtype, *key)
+    return launches
+
+
+def gemm_choice_pending(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype) -> bool:
+    """Whether fp4gen.gemm's kernel choice for these operands is not final yet (no call kept a plan for them)."""
+    return _gemm_key(a, b, out_dtype) not in _GEMM_PLANS
+
+
+def gemm_plan_of_operands(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, has_bias: bool = False,
+                          accumulate_into: torch.Tensor | None = None):
+    """The GEMM's launch plan when its inputs can be the operands' own tensors (_GEMM_INPUTS: codes, scales,
+    amaxes, the fp32 bias, and D = accumulate_into when accumulating), for composing into a larger plan; None
+    where a call needs tensors made per call (a padded N, Blackwell's swizzled scales, an output the kernel
+    cannot write directly) or where the kernel choice is not final yet (the autotuner has not measured the
+    shape class: an eager fp4gen.gemm call of it does). D is the plan's first buffer unless accumulating."""
+    plan = _GEMM_PLANS.get(_gemm_key(a, b, out_dtype))
+    if plan is None:
+        return None
+    if plan.n_run is None:
+        plan.prepare(a, b, out_dtype)
+    if plan.n_run != b.shape[0] or plan.operands is _blockscaled_operands:
+        return None
+    if not (a.amax.is_contiguous() and b.amax.is_contiguous()):
+        return None
+    d_stride = None
+    if accumulate_into is not None:
+        out = accumulate_into
+        if out.stride(1) != 1 or (plan.d_alignment > 1 and (out.stride(0) % plan.d_align
+                                                            or out.data_ptr() % plan.d_alignment)):
+            return None
+        d_stride = out.stride(0)
+    return _gemm_launch_plan(plan, a, b, out_dtype, plan.operands(a, b, plan)[1], d_stride, has_bias,
+                             accumulate_into is not None)
 
 
 def _plan_gemm(plan: _GemmPlan, device: torch.device, m: int, k: int, out_dtype: torch.dtype, operand_strides: tuple,
