@@ -7,8 +7,12 @@ import pytest
 import torch
 
 import fp4gen
+from fp4gen import reference
 from fp4gen.cuda import linear_steps, ops
 from fp4gen.cuda.launch_plan import INPUT, RNG, LaunchPlan
+from fp4gen.formats import NVFP4Data
+from fp4gen.options import QuantizeOptions
+from fp4gen.rng import RNGState
 
 # positions of the GEMM families' C parameters
 A, A_SCALE, B, B_SCALE, D, C, A_AMAX, B_AMAX, BIAS = range(9)
@@ -128,3 +132,95 @@ def test_a_step_waits_for_final_gemm_choices_and_remembers_one_no_plan_can_expre
     assert list(linear_steps._FORWARD.values()) == [None]  # remembered: the separate calls from now on
     launches.state.expressible = True
     assert linear_steps.forward_step(x, w_row, fp4gen.Recipe(), True, None, 448.0, 448.0) is None
+
+
+class ReferenceSteps:
+    """Stands for linear_steps in fp4gen.nn on CPU: steps that compute what the real ones launch (X's or dY's
+    quantization, then the GEMMs) with the reference backend, so that the layer's handling of a step's outputs
+    (what it saves, returns and advances) can be compared with its separate calls."""
+
+    def __init__(self):
+        self.ran = []
+
+    def forward_step(self, x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max):
+        steps = self
+
+        class Step:
+            def run(self, x2d, w_row, bias):
+                steps.ran.append("forward")
+                options = QuantizeOptions("nearest", None, recipe.hadamard_wgrad and need_wgrad,
+                                          recipe.activation_four_over_six)
+                row, col = reference.quantize(x2d, recipe.activation_scaling, (1, 16), True, need_wgrad, options)
+                y = reference.gemm(row, NVFP4Data._made_by_fp4gen(*w_row, w_e4m3_max), x2d.dtype, None, False, bias)
+                return y, ((col.data, col.scale, col.amax) if col is not None else None)
+        return Step()
+
+    def backward_step(self, dy, w_col, x_col, main_grad, recipe, needs_x_grad, need_wgrad, column_sums, x_dtype,
+                      w_dtype, x_e4m3_max, w_e4m3_max):
+        steps = self
+
+        class Step:
+            def run(self, dy, rng_state, w_col, x_col, main_grad):
+                steps.ran.append("backward")
+                rng = RNGState.from_tensor(rng_state) if rng_state is not None else None
+                options = QuantizeOptions(recipe.gradient_rounding, rng, recipe.hadamard_wgrad and need_wgrad, None)
+                out = reference.quantize(dy, recipe.gradient_scaling, (1, 16), needs_x_grad, need_wgrad, options,
+                                         column_sums=column_sums)
+                row, col, sums = out[0], out[1], out[2] if column_sums else None
+                dx = dw = None
+                if needs_x_grad:
+                    dx = reference.gemm(row, NVFP4Data._made_by_fp4gen(*w_col, w_e4m3_max), x_dtype, None, False)
+                if need_wgrad:
+                    x = NVFP4Data._made_by_fp4gen(*x_col, x_e4m3_max)
+                    if main_grad is not None:
+                        reference.gemm(col, x, torch.float32, main_grad, True)
+                    else:
+                        dw = reference.gemm(col, x, w_dtype, None, False)
+                return dx, dw, sums
+        return Step()
+
+
+LAYER_CASES = [
+    dict(),
+    dict(recipe=fp4gen.Recipe(row_scaled_activation=False)),
+    dict(recipe=fp4gen.Recipe(stochastic_rounding=True)),
+    dict(recipe=fp4gen.Recipe(stochastic_rounding=True, gradient_scaling="row")),
+    dict(bias=False, main_grad=True),
+    dict(dtype=torch.bfloat16, frozen=True),
+    dict(inference=True),
+]
+
+
+@pytest.mark.parametrize("case", LAYER_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
+def test_linear_uses_a_steps_outputs_as_it_uses_its_separate_calls(monkeypatch, case):
+    from fp4gen import nn
+    results, steps = {}, ReferenceSteps()
+    for mode in ("separate", "steps"):
+        if mode == "steps":
+            monkeypatch.setattr(nn, "_step_plans", lambda ops, t: steps)
+        dtype = case.get("dtype", torch.float32)
+        torch.manual_seed(3)
+        layer = fp4gen.nn.Linear(64, 48, bias=case.get("bias", True), dtype=dtype, recipe=case.get("recipe"),
+                                 accumulate_main_grad=case.get("main_grad", False))
+        layer.weight.requires_grad_(not case.get("frozen", False))
+        if case.get("main_grad"):
+            layer.weight.main_grad = torch.zeros(48, 64)
+        fp4gen.RNGState.default("cpu").reset(5)
+        outputs = []
+        for _ in range(2):
+            x = torch.randn(32, 64, dtype=dtype, requires_grad=not case.get("inference", False))
+            if case.get("inference"):
+                with torch.no_grad():
+                    outputs.append(layer(x))
+                continue
+            y = layer(x)
+            y.backward(torch.randn_like(y))
+            outputs += [y, x.grad] + [p.grad.clone() for p in layer.parameters() if p.grad is not None]
+            if case.get("main_grad"):
+                outputs.append(layer.weight.main_grad.clone())
+        outputs.append(fp4gen.RNGState.default("cpu").tensor.clone())  # advanced alike
+        results[mode] = outputs
+    assert "forward" in steps.ran and ("backward" in steps.ran or case.get("inference"))
+    assert len(results["steps"]) == len(results["separate"])
+    for ours, theirs in zip(results["steps"], results["separate"]):
+        assert torch.equal(ours, theirs)
