@@ -185,42 +185,50 @@ LAYER_CASES = [
     dict(recipe=fp4gen.Recipe(row_scaled_activation=False)),
     dict(recipe=fp4gen.Recipe(stochastic_rounding=True)),
     dict(recipe=fp4gen.Recipe(stochastic_rounding=True, gradient_scaling="row")),
+    dict(recipe=fp4gen.Recipe(four_over_six="all", hadamard_wgrad=False)),
     dict(bias=False, main_grad=True),
     dict(dtype=torch.bfloat16, frozen=True),
+    dict(dtype=torch.float32),
     dict(inference=True),
 ]
+
+
+def linear_steps_outputs(case: dict, device: str, steps: int) -> list:
+    """Every output of `steps` eager training steps (or inference forwards) of a fresh 64 -> 48 fp4gen.nn.Linear
+    made as `case` says (bias, recipe, main_grad, frozen, inference, dtype), on fixed random data: outputs, input
+    and parameter gradients, the main grad, and the default random state at the end."""
+    dtype = case.get("dtype", torch.bfloat16 if device == "cuda" else torch.float32)
+    torch.manual_seed(3)
+    layer = fp4gen.nn.Linear(64, 48, bias=case.get("bias", True), device=device, dtype=dtype,
+                             recipe=case.get("recipe"), accumulate_main_grad=case.get("main_grad", False))
+    layer.weight.requires_grad_(not case.get("frozen", False))
+    if case.get("main_grad"):
+        layer.weight.main_grad = torch.zeros(48, 64, device=device)
+    rng = fp4gen.RNGState.default(layer.weight.device)
+    rng.reset(5)
+    outputs = []
+    for _ in range(steps):
+        x = torch.randn(32, 64, device=device, dtype=dtype, requires_grad=not case.get("inference", False))
+        if case.get("inference"):
+            with torch.no_grad():
+                outputs.append(layer(x))
+            continue
+        y = layer(x)
+        y.backward(torch.randn_like(y))
+        outputs += [y, x.grad] + [p.grad.clone() for p in layer.parameters() if p.grad is not None]
+        if case.get("main_grad"):
+            outputs.append(layer.weight.main_grad.clone())
+    return outputs + [rng.tensor.clone()]  # advanced alike
 
 
 @pytest.mark.parametrize("case", LAYER_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
 def test_linear_uses_a_steps_outputs_as_it_uses_its_separate_calls(monkeypatch, case):
     from fp4gen import nn
-    results, steps = {}, ReferenceSteps()
-    for mode in ("separate", "steps"):
-        if mode == "steps":
-            monkeypatch.setattr(nn, "_step_plans", lambda ops, t: steps)
-        dtype = case.get("dtype", torch.float32)
-        torch.manual_seed(3)
-        layer = fp4gen.nn.Linear(64, 48, bias=case.get("bias", True), dtype=dtype, recipe=case.get("recipe"),
-                                 accumulate_main_grad=case.get("main_grad", False))
-        layer.weight.requires_grad_(not case.get("frozen", False))
-        if case.get("main_grad"):
-            layer.weight.main_grad = torch.zeros(48, 64)
-        fp4gen.RNGState.default("cpu").reset(5)
-        outputs = []
-        for _ in range(2):
-            x = torch.randn(32, 64, dtype=dtype, requires_grad=not case.get("inference", False))
-            if case.get("inference"):
-                with torch.no_grad():
-                    outputs.append(layer(x))
-                continue
-            y = layer(x)
-            y.backward(torch.randn_like(y))
-            outputs += [y, x.grad] + [p.grad.clone() for p in layer.parameters() if p.grad is not None]
-            if case.get("main_grad"):
-                outputs.append(layer.weight.main_grad.clone())
-        outputs.append(fp4gen.RNGState.default("cpu").tensor.clone())  # advanced alike
-        results[mode] = outputs
+    separate = linear_steps_outputs(case, "cpu", 2)
+    steps = ReferenceSteps()
+    monkeypatch.setattr(nn, "_step_plans", lambda ops, t: steps)
+    stepped = linear_steps_outputs(case, "cpu", 2)
     assert "forward" in steps.ran and ("backward" in steps.ran or case.get("inference"))
-    assert len(results["steps"]) == len(results["separate"])
-    for ours, theirs in zip(results["steps"], results["separate"]):
+    assert len(stepped) == len(separate)
+    for ours, theirs in zip(stepped, separate):
         assert torch.equal(ours, theirs)

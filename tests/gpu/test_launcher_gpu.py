@@ -6,6 +6,7 @@ import torch
 import fp4gen
 from fp4gen.cuda import launcher, ops
 from fp4gen.options import DEFAULT_OPTIONS
+from test_linear_steps import LAYER_CASES, linear_steps_outputs
 
 pytestmark = pytest.mark.gpu
 
@@ -70,18 +71,7 @@ def test_gemm_through_the_cpp_launcher_equals_launches_from_python(launch_with, 
     assert torch.equal(results["cpp accumulate"], results["python accumulate"])
 
 
-LINEAR_CASES = [
-    dict(),
-    dict(recipe=fp4gen.Recipe(row_scaled_activation=False)),
-    dict(recipe=fp4gen.Recipe(stochastic_rounding=True, gradient_scaling="row")),
-    dict(recipe=fp4gen.Recipe(four_over_six="all", hadamard_wgrad=False)),
-    dict(bias=False, main_grad=True),
-    dict(dtype=torch.float32, frozen=True),
-    dict(inference=True),
-]
-
-
-@pytest.mark.parametrize("case", LINEAR_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
+@pytest.mark.parametrize("case", LAYER_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
 def test_linear_steps_as_one_plan_equal_the_separate_calls(launch_with, monkeypatch, case):
     """fp4gen.nn.Linear's eager steps through the C++ launcher run as one launch plan a direction
     (linear_steps.py); from Python they make the separate quantize and GEMM calls. Same bytes either way."""
@@ -91,37 +81,15 @@ def test_linear_steps_as_one_plan_equal_the_separate_calls(launch_with, monkeypa
         step_class = getattr(linear_steps, name)
         monkeypatch.setattr(step_class, "run", lambda self, *args, _run=step_class.run, _name=name:
                             ran.append(_name) or _run(self, *args))
-    dtype = case.get("dtype", torch.bfloat16)
-    results = {}
-    for choice in ("python", "cpp"):
-        launch_with(choice)
-        ran.clear()
-        torch.manual_seed(2)
-        layer = fp4gen.nn.Linear(256, 128, bias=case.get("bias", True), device="cuda", dtype=dtype,
-                                 recipe=case.get("recipe"), accumulate_main_grad=case.get("main_grad", False))
-        layer.weight.requires_grad_(not case.get("frozen", False))
-        if case.get("main_grad"):
-            layer.weight.main_grad = torch.zeros(128, 256, device="cuda")
-        fp4gen.RNGState.default(torch.device("cuda")).reset(11)
-        outputs = []
-        for _ in range(3):  # the first step makes the separate calls (its GEMM choices are not final before it)
-            x = torch.randn(96, 256, device="cuda", dtype=dtype, requires_grad=not case.get("inference", False))
-            if case.get("inference"):
-                with torch.no_grad():
-                    outputs.append(layer(x))
-                continue
-            y = layer(x)
-            y.backward(torch.randn_like(y))
-            outputs += [y, x.grad] + [p.grad.clone() for p in layer.parameters() if p.grad is not None]
-            if case.get("main_grad"):
-                outputs.append(layer.weight.main_grad.clone())
-        results[choice] = outputs
-        if choice == "cpp":
-            assert "ForwardStep" in ran and ("BackwardStep" in ran or case.get("inference"))
-        else:
-            assert ran == []
-    assert len(results["cpp"]) == len(results["python"])
-    for ours, theirs in zip(results["cpp"], results["python"]):
+    launch_with("python")
+    separate = linear_steps_outputs(case, "cuda", 3)
+    assert ran == []
+    launch_with("cpp")
+    # the first step makes the separate calls (its GEMM choices are not final before it), the next ones a plan each
+    stepped = linear_steps_outputs(case, "cuda", 3)
+    assert "ForwardStep" in ran and ("BackwardStep" in ran or case.get("inference"))
+    assert len(stepped) == len(separate)
+    for ours, theirs in zip(stepped, separate):
         assert torch.equal(ours, theirs)
 
 
