@@ -77,7 +77,8 @@ register_optimizer_step_post_hook(_count_optimizer_step)
 
 def _step_plans(ops, t: torch.Tensor):
     """fp4gen.cuda.linear_steps where an eager step on t can run as one launch plan a direction (CUDA tensors of
-    the CUDA backend through the C++ launcher, bf16 or fp32, whose GEMMs write that dtype), else None."""
+    the CUDA backend through the C++ launcher, bf16 or fp32, whose GEMMs write that dtype), else None: a forward
+    without autograd as linear_steps.ForwardStep, a training step as the launcher's LinearStep."""
     if (ops is not torch_ops.EAGER or not t.is_cuda or t.dtype not in _STEP_DTYPES or not t.numel()
             or t.stride(-1) != 1 or choose_backend(t.device, None) != "cuda"):
         return None
@@ -141,19 +142,7 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         # db from the pass that quantizes dY (its amax pass sums the columns) where that pass has an amax pass of
         # its own: tensor-scaled gradients in eager mode; else summed on its own below
         sums_with_dy = ctx.bias_dtype is not None and recipe.gradient_scaling == "tensor" and ops is torch_ops.EAGER
-        steps = (_step_plans(ops, dy) if (ctx.needs_x_grad or ctx.need_wgrad) and ctx.w_dtype in _STEP_DTYPES
-                 else None)
-        step = steps and steps.backward_step(dy, w_col, x_col, ctx.main_grad, recipe, ctx.needs_x_grad,
-                                             ctx.need_wgrad, sums_with_dy, ctx.x_dtype, ctx.w_dtype,
-                                             ctx.x_e4m3_max, ctx.w_e4m3_max)
-        if step:  # the same kernels as the calls below, from one launch plan
-            stochastic = recipe.gradient_rounding == "stochastic"
-            dx, dw, sums = step.run(dy, ctx.rng_state if stochastic else None, w_col, x_col, ctx.main_grad)
-            if stochastic:
-                RNGState.from_tensor(ctx.rng_state).advance()  # as fp4gen.quantize does after its kernels
-            if sums_with_dy:
-                db = _as(sums, ctx.bias_dtype)
-        elif ctx.needs_x_grad or ctx.need_wgrad:
+        if ctx.needs_x_grad or ctx.need_wgrad:
             q = ops.quantize(dy, recipe.gradient_scaling, [1, BLOCK], ctx.needs_x_grad, ctx.need_wgrad,
                              recipe.gradient_rounding, recipe.hadamard_wgrad and ctx.need_wgrad, None, ctx.rng_state,
                              *((True,) if sums_with_dy else ()))
@@ -335,9 +324,31 @@ class Linear(torch.nn.Linear):
         main_grad = main_grad_of(self.weight) if self.accumulate_main_grad else None
         # stochastic rounding of dY draws from the device's default state, advanced by each backward
         rng_state = RNGState.default(x2d.device).tensor if self.recipe.stochastic_rounding else _no_rng(x2d)
-        y = _NVFP4LinearFunction.apply(x2d, self.weight, self.bias, qw_row, qw_col, self.recipe, main_grad,
-                                       need_wgrad, rng_state, self._epilogue_bias(GEMM_OUT[x2d.dtype]))
+        epilogue_bias = self._epilogue_bias(GEMM_OUT[x2d.dtype])
+        y = self._training_step(x2d, qw_row, qw_col, need_wgrad, epilogue_bias, main_grad, rng_state)
+        if y is None:
+            y = _NVFP4LinearFunction.apply(x2d, self.weight, self.bias, qw_row, qw_col, self.recipe, main_grad,
+                                           need_wgrad, rng_state, epilogue_bias)
         return y if flat else y.reshape(*x.shape[:-1], self.out_features)
+
+    def _training_step(self, x2d, qw_row, qw_col, need_wgrad, epilogue_bias, main_grad, rng_state):
+        """Y from the C++ launcher's LinearStep, which records its own backward node, where one expresses this
+        step (fp4gen.cuda.linear_steps: the same kernels as _NVFP4LinearFunction's separate calls); else None."""
+        needs_x_grad = x2d.requires_grad
+        if not (needs_x_grad or need_wgrad) or self.weight.dtype not in _STEP_DTYPES:
+            return None
+        steps = _step_plans(torch_ops.for_caller(), x2d)
+        if steps is None:
+            return None
+        recipe = self.recipe
+        step = steps.training_step(x2d, qw_row, qw_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
+                                   self.bias.dtype if self.bias is not None else None, main_grad, self.weight.dtype,
+                                   e4m3_max_of(recipe.activation_four_over_six),
+                                   e4m3_max_of(recipe.weight_four_over_six))
+        if step is None:
+            return None
+        return steps.run_training_step(step, x2d, self.weight, self.bias, qw_row, qw_col, epilogue_bias, main_grad,
+                                       rng_state if recipe.stochastic_rounding else None)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe}"

@@ -1,6 +1,13 @@
-"""fp4gen.cuda.linear_steps' composed plans on CPU. The quantize plans are stand-ins that record their launches;
-the GEMMs' launch plans are made by ops._plan_gemm itself, so their arguments are in the kernels' C order. Each test
-checks which tensor every pointer of the composed step's launches comes from."""
+"""fp4gen.cuda.linear_steps on CPU: the composed plans of fp4gen.nn.Linear's steps, and the C++ launcher's autograd
+function that runs a training step (LinearStep), with host functions standing for the kernels.
+
+The quantize plans are stand-ins; the GEMMs' launch plans are made by ops._plan_gemm itself, so their arguments
+are in the kernels' C order. The pointer tests check which tensor every pointer of a step's launches comes from.
+The layer tests run fp4gen.nn.Linear over steps whose host "kernels" compute with the reference backend, and
+compare every output with the layer's separate calls."""
+import ctypes
+import math
+import struct
 from types import SimpleNamespace
 
 import pytest
@@ -8,20 +15,58 @@ import torch
 
 import fp4gen
 from fp4gen import reference
-from fp4gen.cuda import linear_steps, ops
-from fp4gen.cuda.launch_plan import INPUT, RNG, LaunchPlan
+from fp4gen.cuda import launcher, linear_steps, ops
+from fp4gen.cuda.launch_plan import INPUT, RNG, LaunchPlan, Slot
+from fp4gen.errors import KernelError
 from fp4gen.formats import NVFP4Data
 from fp4gen.options import QuantizeOptions
 from fp4gen.rng import RNGState
 
 # positions of the GEMM families' C parameters
 A, A_SCALE, B, B_SCALE, D, C, A_AMAX, B_AMAX, BIAS = range(9)
+RUN_PACKED = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p)
+
+
+class HostKernel:
+    """Stands for a kernel library: its packed entry (a host function the launcher calls) appends (name, words) to
+    `calls`, runs body(words) if given, and returns `status`. Python launches record the same words."""
+
+    def __init__(self, name: str, calls: list, body=None, status: int = 0):
+        self.name, self.calls, self.body, self.status = name, calls, body, status
+        self._arity = None
+
+        def run_packed(words, stream):
+            return self._run([words[i] for i in range(self._arity)])
+        self._entry = RUN_PACKED(run_packed)  # kept referenced: the launcher holds only its address
+        self.run_packed_address = ctypes.cast(self._entry, ctypes.c_void_p).value
+
+    def pack(self, args) -> list:
+        """Floats as their fp32 bits, None as 0, the rest as 64-bit words (as library.Kernel.pack does by kind)."""
+        self._arity = len(args)
+        return [struct.unpack("<I", struct.pack("<f", a))[0] if isinstance(a, float) else int(a or 0) % 2**64
+                for a in args]
+
+    def _run(self, words) -> int:
+        self.calls.append((self.name, words))
+        if self.body is not None:
+            self.body(words)
+        return self.status
+
+    def raise_for(self, status, call):
+        raise KernelError(f"{self.name}: {call} status {status}")
+
+
+def _ptr(t) -> int:
+    return t.data_ptr() if t is not None else 0
 
 
 @pytest.fixture
 def launches(monkeypatch):
-    """The (kernel, arguments) of each launch, in order; GEMM choices final unless `pending` holds True."""
-    calls, state = [], SimpleNamespace(pending=False, expressible=True)
+    """The (kernel name, argument words) of each launch, in order, whether run from Python or by the C++ launcher;
+    GEMM choices final unless `pending` holds True."""
+    calls = []
+    state = SimpleNamespace(pending=False, expressible=True, calls=calls, quantize=HostKernel("quantize", calls),
+                            gemm=HostKernel("gemm", calls))
 
     def quantize_plan(x, scaling, block, rowwise, columnwise, options, column_sums=False):
         rows, cols = x.shape
@@ -33,14 +78,14 @@ def launches(monkeypatch):
         row = copy(rows, cols) if rowwise else None
         col = copy(cols, rows) if columnwise else None
         sums = plan.buffer(cols, dtype=torch.float32) if column_sums else None
-        plan.launch("quantize", INPUT, RNG, *(row or (None,) * 3), *(col or (None,) * 3), sums)
+        plan.launch(state.quantize, INPUT, RNG, *(row or (None,) * 3), *(col or (None,) * 3), sums)
         plan.result = (row, col, 448.0, sums)
         return plan
 
     def gemm_plan_of_operands(a, b, out_dtype, has_bias=False, accumulate_into=None):
         if not state.expressible:
             return None
-        plan = SimpleNamespace(n_run=b.shape[0], workspace_bytes=0, kernel="gemm")
+        plan = SimpleNamespace(n_run=b.shape[0], workspace_bytes=0, kernel=state.gemm)
         d_stride = accumulate_into.stride(0) if accumulate_into is not None else None
         return ops._plan_gemm(plan, a.device, a.shape[0], a.shape[1], out_dtype, (0,) * 5, d_stride, has_bias,
                               accumulate_into is not None, a.row_scaled, b.row_scaled, a.e4m3_max, b.e4m3_max)
@@ -48,19 +93,15 @@ def launches(monkeypatch):
     monkeypatch.setattr(ops, "quantize_plan", quantize_plan)
     monkeypatch.setattr(ops, "gemm_plan_of_operands", gemm_plan_of_operands)
     monkeypatch.setattr(ops, "gemm_choice_pending", lambda a, b, out_dtype: state.pending)
-    monkeypatch.setattr(ops, "_launch", lambda kernel, device, *args: calls.append((kernel, args)))
+    monkeypatch.setattr(ops, "_launch", lambda kernel, device, *args: kernel._run(kernel.pack(args)))
     monkeypatch.setattr(linear_steps, "_FORWARD", {})
-    monkeypatch.setattr(linear_steps, "_BACKWARD", {})
-    return SimpleNamespace(calls=calls, state=state)
+    monkeypatch.setattr(linear_steps, "_TRAINING", {})
+    return state
 
 
 def _operand(rows, cols, amaxes):
     return (torch.zeros(rows, cols // 2, dtype=torch.uint8), torch.zeros(rows, cols // 16, dtype=torch.float8_e4m3fn),
             torch.ones(amaxes))
-
-
-def _ptr(t):
-    return t.data_ptr() if t is not None else None
 
 
 def test_the_forward_step_feeds_the_quantized_x_and_the_weight_to_the_gemm(launches):
@@ -69,7 +110,7 @@ def test_the_forward_step_feeds_the_quantized_x_and_the_weight_to_the_gemm(launc
     y, x_col = step.run(x, w_row, bias)
     (quantize, q), (gemm, g) = launches.calls
     assert (quantize, gemm) == ("quantize", "gemm")
-    assert q[0] == x.data_ptr() and q[1] is None  # no random state in the forward
+    assert q[0] == x.data_ptr() and q[1] == 0  # no random state in the forward
     row_data, row_scale, row_amax, col_data, col_scale, col_amax = q[2:8]
     assert (g[A], g[A_SCALE], g[A_AMAX]) == (row_data, row_scale, row_amax)
     assert (g[B], g[B_SCALE], g[B_AMAX]) == tuple(t.data_ptr() for t in w_row)
@@ -88,59 +129,166 @@ def test_a_forward_without_wgrad_or_bias_makes_no_columnwise_copy_and_passes_a_n
     x, w_row = torch.randn(32, 64), _operand(48, 64, 1)
     y, x_col = linear_steps.forward_step(x, w_row, fp4gen.Recipe(), False, None, 448.0, 448.0).run(x, w_row, None)
     (_, q), (_, g) = launches.calls
-    assert x_col is None and q[5:8] == (None, None, None)
-    assert g[BIAS] is None and g[D] == y.data_ptr()
+    assert x_col is None and q[5:8] == [0, 0, 0]
+    assert g[BIAS] == 0 and g[D] == y.data_ptr()
 
 
-def test_the_backward_step_feeds_dys_copies_and_the_saved_operands_to_dgrad_and_wgrad(launches):
-    dy, rng = torch.randn(32, 48), torch.zeros(2, dtype=torch.int64)
-    w_col, x_col = _operand(64, 48, 1), _operand(64, 32, 64)  # Wᵀ [K, N]; Xᵀ [K, M] with per-column amaxes
-    main_grad = torch.zeros(48, 64)
-    step = linear_steps.backward_step(dy, w_col, x_col, main_grad, fp4gen.Recipe(stochastic_rounding=True), True,
-                                      True, True, torch.float32, torch.float32, 448.0, 448.0)
-    dx, dw, sums = step.run(dy, rng, w_col, x_col, main_grad)
-    (_, q), (dgrad, dg), (wgrad, wg) = launches.calls
-    assert q[0] == dy.data_ptr() and q[1] == rng.data_ptr()
-    row_data, row_scale, row_amax, col_data, col_scale, col_amax, sums_ptr = q[2:9]
-    assert (dg[A], dg[A_SCALE], dg[A_AMAX]) == (row_data, row_scale, row_amax)
-    assert (dg[B], dg[B_SCALE], dg[B_AMAX]) == tuple(t.data_ptr() for t in w_col)
-    assert dg[BIAS] is None and dg[D] == dg[C] == dx.data_ptr() and tuple(dx.shape) == (32, 64)
-    assert (wg[A], wg[A_SCALE], wg[A_AMAX]) == (col_data, col_scale, col_amax)
-    assert (wg[B], wg[B_SCALE], wg[B_AMAX]) == tuple(t.data_ptr() for t in x_col)
-    assert wg[D] == wg[C] == main_grad.data_ptr() and dw is None  # accumulated into main_grad
-    assert sums.data_ptr() == sums_ptr
+def _training(recipe=None, needs_x_grad=True, need_wgrad=True, bias=True, main_grad=False, dtype=torch.float32):
+    """A 64 -> 48 layer's training-step inputs on 32 tokens and its LinearStep (through the fixture's kernels)."""
+    recipe = recipe or fp4gen.Recipe()
+    x = torch.randn(32, 64, dtype=dtype, requires_grad=needs_x_grad)
+    weight = torch.nn.Parameter(torch.randn(48, 64, dtype=dtype), requires_grad=need_wgrad)
+    bias = torch.nn.Parameter(torch.randn(48, dtype=dtype)) if bias else None
+    w_row, w_col = _operand(48, 64, 1), _operand(64, 48, 1)
+    epilogue_bias = bias.detach().float() if bias is not None else None
+    main_grad = torch.zeros(48, 64) if main_grad else None
+    step = linear_steps.training_step(x, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
+                                      bias.dtype if bias is not None else None, main_grad, dtype, 448.0, 448.0)
+    rng = torch.tensor([7, 10]) if recipe.stochastic_rounding else None
+    return SimpleNamespace(step=step, x=x, weight=weight, bias=bias, w_row=w_row, w_col=w_col, main_grad=main_grad,
+                           epilogue_bias=epilogue_bias, rng=rng,
+                           run=lambda: linear_steps.run_training_step(step, x, weight, bias, w_row, w_col,
+                                                                      epilogue_bias, main_grad, rng))
 
 
-def test_a_backward_without_dgrad_launches_the_wgrad_only_into_a_new_gradient(launches):
+def test_a_training_step_runs_its_backward_plan_from_autograd_with_the_copies_its_forward_saved(launches):
+    t = _training(fp4gen.Recipe(stochastic_rounding=True), main_grad=True)
+    y = t.run()
+    (_, q), (_, g) = launches.calls
+    assert y.grad_fn is not None and g[D] == y.data_ptr() and g[BIAS] == t.epilogue_bias.data_ptr()
+    assert q[0] == t.x.data_ptr() and q[1] == 0  # the forward draws no random bits
+    x_col = q[5:8]
+    launches.calls.clear()
     dy = torch.randn(32, 48)
-    w_col, x_col = _operand(64, 48, 1), _operand(64, 32, 1)
-    step = linear_steps.backward_step(dy, w_col, x_col, None, fp4gen.Recipe(), False, True, False,
-                                      torch.bfloat16, torch.bfloat16, 448.0, 448.0)
-    dx, dw, sums = step.run(dy, None, w_col, x_col, None)
+    y.backward(dy)
+    (_, q), (dgrad, dg), (wgrad, wg) = launches.calls
+    assert (dgrad, wgrad) == ("gemm", "gemm")
+    assert q[0] == dy.data_ptr() and q[1] == t.rng.data_ptr()
+    row_data, row_scale, row_amax, col_data, col_scale, col_amax, sums = q[2:9]
+    assert (dg[A], dg[A_SCALE], dg[A_AMAX]) == (row_data, row_scale, row_amax)
+    assert (dg[B], dg[B_SCALE], dg[B_AMAX]) == tuple(t.data_ptr() for t in t.w_col)
+    assert dg[BIAS] == 0 and dg[D] == dg[C] == t.x.grad.data_ptr() and tuple(t.x.grad.shape) == (32, 64)
+    assert (wg[A], wg[A_SCALE], wg[A_AMAX]) == (col_data, col_scale, col_amax)
+    assert [wg[B], wg[B_SCALE], wg[B_AMAX]] == x_col  # X's columnwise copy, saved by the forward
+    assert wg[D] == wg[C] == t.main_grad.data_ptr() and t.weight.grad is None  # accumulated into main_grad
+    assert t.bias.grad.data_ptr() == sums and t.bias.grad.dtype == torch.float32  # dY's column sums
+    assert t.rng.tolist() == [7, 12]  # advanced past the call's draws, as RNGState.advance does
+
+
+def test_a_training_step_saves_its_copies_through_autograds_saved_tensor_hooks(launches):
+    """Activation offloading and similar hooks see the copies the step saves, and backward reads what they give."""
+    packed = []
+
+    def pack(t):
+        packed.append(t.data_ptr())
+        return t.clone()
+    t = _training()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda saved: saved):
+        y = t.run()
+    (_, q), _ = launches.calls
+    assert set(q[5:8]) <= set(packed) and {w.data_ptr() for w in t.w_col} <= set(packed)
+    launches.calls.clear()
+    y.backward(torch.randn(32, 48))
+    (_, _), (_, dg), (_, wg) = launches.calls
+    assert [wg[B], wg[B_SCALE], wg[B_AMAX]] != q[5:8]  # the hooks' copies, not the forward's buffers
+    assert dg[B] not in packed
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.backward(torch.randn(32, 48))  # the saved copies are released after a backward
+
+
+def test_a_training_step_without_dgrad_makes_the_weight_gradient_in_the_weights_dtype(launches):
+    t = _training(needs_x_grad=False, bias=False, dtype=torch.bfloat16)
+    y = t.run()
+    launches.calls.clear()
+    y.backward(torch.randn(32, 48, dtype=torch.bfloat16))
     (_, q), (_, wg) = launches.calls
-    assert dx is None and sums is None and q[2:5] == (None, None, None)
-    assert wg[D] == wg[C] == dw.data_ptr() and tuple(dw.shape) == (48, 64) and dw.dtype == torch.bfloat16
+    assert q[2:5] == [0, 0, 0] and q[8] == 0  # no rowwise copy of dY, no column sums
+    assert wg[D] == t.weight.grad.data_ptr() and t.weight.grad.dtype == torch.bfloat16
+    assert tuple(t.weight.grad.shape) == (48, 64) and t.x.grad is None
+
+
+def test_a_training_step_sums_row_scaled_gradients_for_the_bias_itself(launches):
+    t = _training(fp4gen.Recipe(gradient_scaling="row"), dtype=torch.bfloat16)
+    y = t.run()
+    dy = torch.randn(32, 48, dtype=torch.bfloat16)
+    y.backward(dy)
+    assert torch.equal(t.bias.grad, dy.sum(0, dtype=torch.float32).to(torch.bfloat16))
+
+
+def test_a_training_step_hands_its_plans_an_aligned_contiguous_dy_with_the_same_values(launches):
+    seen = []
+
+    def read_dy(words):
+        seen.append((words[0], ctypes.string_at(words[0], 32 * 48 * 4)))
+    launches.quantize.body = read_dy
+    t = _training()
+    y = t.run()
+    wide = torch.randn(32, 2 * 48 + 1)
+    dy = wide[:, 1:2 * 48 + 1:2]  # neither contiguous nor aligned
+    seen.clear()
+    y.backward(dy)
+    (address, data), = seen
+    assert address % 16 == 0 and data == dy.contiguous().numpy().tobytes()
+
+
+def test_a_failed_launch_of_a_training_step_raises_the_kernels_error_in_either_direction(launches):
+    t = _training()
+    y = t.run()
+    launches.gemm.status = 1
+    with pytest.raises(KernelError, match=r"gemm: run refused the problem \(status 1: the problem breaks"):
+        y.backward(torch.randn(32, 48))
+    launches.gemm.status = 1003
+    with pytest.raises(KernelError, match="gemm: run failed with CUDA error 3"):
+        t.run()
 
 
 def test_a_step_waits_for_final_gemm_choices_and_remembers_one_no_plan_can_express(launches):
     x, w_row = torch.randn(32, 64), _operand(48, 64, 1)
-    launches.state.pending, launches.state.expressible = True, False
+    launches.pending, launches.expressible = True, False
     assert linear_steps.forward_step(x, w_row, fp4gen.Recipe(), True, None, 448.0, 448.0) is None
-    assert linear_steps._FORWARD == {}  # not remembered: a later step tries again
-    launches.state.pending = False
+    assert _training().step is None
+    assert linear_steps._FORWARD == {} and linear_steps._TRAINING == {}  # not remembered: a later step tries again
+    launches.pending = False
     assert linear_steps.forward_step(x, w_row, fp4gen.Recipe(), True, None, 448.0, 448.0) is None
+    assert _training().step is None
     assert list(linear_steps._FORWARD.values()) == [None]  # remembered: the separate calls from now on
-    launches.state.expressible = True
+    assert list(linear_steps._TRAINING.values()) == [None]
+    launches.expressible = True
     assert linear_steps.forward_step(x, w_row, fp4gen.Recipe(), True, None, 448.0, 448.0) is None
+
+
+def _at(address: int, shape, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor at a launch's pointer, without a copy (writes reach the launcher's buffer)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+    return raw.view(dtype).view(shape)
+
+
+def _layout(plan: LaunchPlan, like: tuple) -> tuple:
+    """Buffers of plan shaped and typed like the tensors of `like` (None stays None); (slots, their layouts)."""
+    slots = tuple(plan.buffer(*t.shape, dtype=t.dtype) if t is not None else None for t in like)
+    return slots, tuple((tuple(t.shape), t.dtype) if t is not None else None for t in like)
+
+
+def _triple(q):
+    return (q.data, q.scale, q.amax) if q is not None else (None, None, None)
 
 
 class ReferenceSteps:
-    """Stands for linear_steps in fp4gen.nn on CPU: steps that compute what the real ones launch (X's or dY's
-    quantization, then the GEMMs) with the reference backend, so that the layer's handling of a step's outputs
-    (what it saves, returns and advances) can be compared with its separate calls."""
+    """Stands for linear_steps in fp4gen.nn on CPU: a ForwardStep-like forward for calls without autograd, and real
+    LinearSteps of the C++ launcher whose plans launch host functions that compute what the CUDA kernels would
+    (X's or dY's quantization, then the GEMMs) with the reference backend, reading and writing the launcher's
+    buffers in place."""
+
+    run_training_step = staticmethod(linear_steps.run_training_step)
 
     def __init__(self):
-        self.ran = []
+        self.ran, self.calls = [], []
+        self.kernels = []  # the launcher holds only their entries' addresses: keep them alive
+
+    def _kernel(self, name: str, body) -> HostKernel:
+        self.kernels.append(HostKernel(name, self.calls, body))
+        return self.kernels[-1]
 
     def forward_step(self, x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max):
         steps = self
@@ -148,36 +296,75 @@ class ReferenceSteps:
         class Step:
             def run(self, x2d, w_row, bias):
                 steps.ran.append("forward")
-                options = QuantizeOptions("nearest", None, recipe.hadamard_wgrad and need_wgrad,
-                                          recipe.activation_four_over_six)
-                row, col = reference.quantize(x2d, recipe.activation_scaling, (1, 16), True, need_wgrad, options)
-                y = reference.gemm(row, NVFP4Data._made_by_fp4gen(*w_row, w_e4m3_max), x2d.dtype, None, False, bias)
-                return y, ((col.data, col.scale, col.amax) if col is not None else None)
+                y, col = _reference_forward(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max)
+                return y, (_triple(col) if col is not None else None)
         return Step()
 
-    def backward_step(self, dy, w_col, x_col, main_grad, recipe, needs_x_grad, need_wgrad, column_sums, x_dtype,
-                      w_dtype, x_e4m3_max, w_e4m3_max):
-        steps = self
+    def training_step(self, x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias, bias_dtype,
+                      main_grad, w_dtype, x_e4m3_max, w_e4m3_max):
+        (m, k), n = x2d.shape, w_row[0].shape[0]
+        # the buffers' layouts, from one reference call on stand-in values
+        y, col = _reference_forward(torch.zeros_like(x2d), w_row, recipe, need_wgrad, epilogue_bias, x_e4m3_max,
+                                    w_e4m3_max)
+        forward = LaunchPlan(inputs=6)  # x, no random state, W rowwise triple, the epilogue bias
+        (y_slot, *x_col), layouts = _layout(forward, (y, *_triple(col)))
+        x_col = x_col if col is not None else []
 
-        class Step:
-            def run(self, dy, rng_state, w_col, x_col, main_grad):
-                steps.ran.append("backward")
-                rng = RNGState.from_tensor(rng_state) if rng_state is not None else None
-                options = QuantizeOptions(recipe.gradient_rounding, rng, recipe.hadamard_wgrad and need_wgrad, None)
-                out = reference.quantize(dy, recipe.gradient_scaling, (1, 16), needs_x_grad, need_wgrad, options,
-                                         column_sums=column_sums)
-                row, col, sums = out[0], out[1], out[2] if column_sums else None
-                dx = dw = None
-                if needs_x_grad:
-                    dx = reference.gemm(row, NVFP4Data._made_by_fp4gen(*w_col, w_e4m3_max), x_dtype, None, False)
-                if need_wgrad:
-                    x = NVFP4Data._made_by_fp4gen(*x_col, x_e4m3_max)
-                    if main_grad is not None:
-                        reference.gemm(col, x, torch.float32, main_grad, True)
-                    else:
-                        dw = reference.gemm(col, x, w_dtype, None, False)
-                return dx, dw, sums
-        return Step()
+        def run_forward(words):
+            self.ran.append("forward")
+            x = _at(words[0], (m, k), x2d.dtype)
+            w = tuple(_at(a, t.shape, t.dtype) for a, t in zip(words[2:5], w_row))
+            bias = _at(words[5], (n,), torch.float32) if words[5] else None
+            y, col = _reference_forward(x, w, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max)
+            for address, t, layout in zip(words[6:], (y, *_triple(col)), layouts):
+                if t is not None:
+                    _at(address, *layout).copy_(t)
+        forward.launch(self._kernel("reference forward", run_forward), Slot(0), None, Slot(2), Slot(3),
+                       Slot(4), Slot(5), y_slot, *x_col)
+
+        sums_with_dy = bias_dtype is not None and recipe.gradient_scaling == "tensor"
+        backward = LaunchPlan(inputs=9)  # dy, the random state, W columnwise, X columnwise, main_grad
+        dx = backward.buffer(m, k, dtype=x2d.dtype) if needs_x_grad else None
+        dw = backward.buffer(n, k, dtype=w_dtype) if need_wgrad and main_grad is None else None
+        sums = backward.buffer(n, dtype=torch.float32) if sums_with_dy else None
+        x_col_layouts = layouts[1:]
+
+        def run_backward(words):
+            self.ran.append("backward")
+            dy = _at(words[0], (m, n), x2d.dtype)
+            rng = RNGState.from_tensor(_at(words[1], (2,), torch.int64)) if words[1] else None
+            options = QuantizeOptions(recipe.gradient_rounding, rng, recipe.hadamard_wgrad and need_wgrad, None)
+            out = reference.quantize(dy, recipe.gradient_scaling, (1, 16), needs_x_grad, need_wgrad, options,
+                                     column_sums=sums_with_dy)
+            if needs_x_grad:
+                w = NVFP4Data._made_by_fp4gen(*(_at(a, t.shape, t.dtype) for a, t in zip(words[2:5], w_col)),
+                                              w_e4m3_max)
+                _at(words[9], (m, k), x2d.dtype).copy_(reference.gemm(out[0], w, x2d.dtype, None, False))
+            if need_wgrad:
+                x = NVFP4Data._made_by_fp4gen(*(_at(a, *layout) for a, layout in zip(words[5:8], x_col_layouts)),
+                                              x_e4m3_max)
+                if main_grad is not None:
+                    reference.gemm(out[1], x, torch.float32, _at(words[8], (n, k), torch.float32), True)
+                else:
+                    _at(words[10], (n, k), w_dtype).copy_(reference.gemm(out[1], x, w_dtype, None, False))
+            if sums_with_dy:
+                _at(words[11], (n,), torch.float32).copy_(out[2])
+        backward.launch(self._kernel("reference backward", run_backward), *(Slot(i) for i in range(9)),
+                        dx, dw, sums)
+        native = launcher.module()
+        return native.LinearStep(forward._make_native(), ["reference forward"], y_slot, list(x_col),
+                                 backward._make_native(), ["reference backward"], linear_steps._slot(dx),
+                                 linear_steps._slot(dw), linear_steps._slot(sums),
+                                 2 if recipe.gradient_rounding == "stochastic" else 0,
+                                 0 if bias_dtype is None else 1 if sums_with_dy else 2,
+                                 str(bias_dtype or torch.float32).replace("torch.", ""))
+
+
+def _reference_forward(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max):
+    options = QuantizeOptions("nearest", None, recipe.hadamard_wgrad and need_wgrad, recipe.activation_four_over_six)
+    row, col = reference.quantize(x2d, recipe.activation_scaling, (1, 16), True, need_wgrad, options)
+    y = reference.gemm(row, NVFP4Data._made_by_fp4gen(*w_row, w_e4m3_max), x2d.dtype, None, False, bias)
+    return y, col
 
 
 LAYER_CASES = [
@@ -231,4 +418,4 @@ def test_linear_uses_a_steps_outputs_as_it_uses_its_separate_calls(monkeypatch, 
     assert "forward" in steps.ran and ("backward" in steps.ran or case.get("inference"))
     assert len(stepped) == len(separate)
     for ours, theirs in zip(stepped, separate):
-        assert torch.equal(ours, theirs)
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)

@@ -6,15 +6,25 @@
 // torch.empty call each cost microseconds, and a small layer's step makes dozens), not on the launches.
 // The plan itself (which kernels, which arguments) is still worked out in Python, once per kind of call.
 //
+// It also runs fp4gen.nn.Linear's training steps (LinearStep below): the forward's plan, and an autograd node
+// whose backward runs the backward's plan, so that neither direction goes through Python between PyTorch's
+// autograd engine and the launches.
+//
 // Compiled against the installed PyTorch on first use (launcher.py); it never includes a CUDA header, so it
 // also builds with a CPU-only PyTorch, where tests run plans of host functions.
-// ATen, the device guard and torch's pybind11 casters only: with torch/extension.h (all of libtorch's C++ API)
-// the compile took about 1.6x the CPU time.
+// ATen, the device guard, the C++ autograd function and torch's pybind11 casters only: with torch/extension.h
+// (all of libtorch's C++ API) the compile took about 1.6x the CPU time.
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -95,11 +105,140 @@ class Plan {
     return {std::move(buffers), -1, 0};
   }
 
+  int64_t inputs() const { return inputs_; }
+
+  // Whether `slot` names one of the buffers (-1, none, if none_ok).
+  bool is_buffer(int64_t slot, bool none_ok) const {
+    return (none_ok && slot == -1) || (slot >= inputs_ && slot < inputs_ + static_cast<int64_t>(buffers_.size()));
+  }
+
  private:
   int64_t inputs_;
   std::vector<std::pair<std::vector<int64_t>, c10::ScalarType>> buffers_;
   std::vector<int64_t> zeroed_;
   std::vector<Launch> launches_;
+};
+
+// Why a launch failed, as fp4gen.cuda.library.Kernel.raise_for says it: statuses below 1000 are the kernel's
+// refusals (texts set by set_errors), 1000 + e a CUDA error e.
+std::map<int64_t, std::string> status_texts;
+PyObject* kernel_error = nullptr;  // fp4gen.errors.KernelError (a new reference, kept for the process)
+
+// Runs `plan`, raising fp4gen.errors.KernelError (through the GIL: backward runs on autograd's threads) if a launch
+// fails. `names`: the plan's kernels in launch order.
+std::vector<at::Tensor> run_or_raise(const Plan& plan, const std::vector<std::string>& names,
+                                     const std::vector<std::optional<at::Tensor>>& inputs, int64_t device,
+                                     uint64_t stream) {
+  auto [buffers, failed, status] = plan.run(inputs, device, stream);
+  if (failed < 0) return std::move(buffers);
+  const std::string name = failed < static_cast<int64_t>(names.size()) ? names[failed] : "a kernel";
+  std::string message;
+  if (status >= 1000) {
+    message = name + ": run failed with CUDA error " + std::to_string(status - 1000);
+  } else {
+    const auto text = status_texts.find(status);
+    message = name + ": run refused the problem (status " + std::to_string(status) + ": " +
+              (text != status_texts.end() ? text->second : std::string("unknown status")) + ")";
+  }
+  // As a Python error carried by a C++ exception: PyTorch's autograd engine moves it from its thread to the one
+  // that called backward and raises it there; the module's translator raises it for forward's callers
+  python_error error;
+  {
+    pybind11::gil_scoped_acquire gil;
+    PyErr_SetString(kernel_error != nullptr ? kernel_error : PyExc_RuntimeError, message.c_str());
+    error.persist();
+  }
+  throw error;
+}
+
+// The current stream of `device` (-1: none, the CPU) as the raw handle the kernels take.
+uint64_t current_stream(int64_t device) {
+  if (device < 0) return 0;
+  const at::Device where(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+  const c10::Stream stream = c10::impl::getDeviceGuardImpl(at::kCUDA)->getStream(where);
+  return reinterpret_cast<uintptr_t>(stream.native_handle());
+}
+
+// A training step of fp4gen.nn.Linear as two plans, built by fp4gen.cuda.linear_steps for one kind of call:
+//   forward  inputs (x, no random state, W rowwise data, scale, amax, the epilogue's fp32 bias) -> Y, X columnwise
+//   backward inputs (dY, random state, W columnwise triple, X columnwise triple, main_grad) -> dX, dW, dY's sums
+struct LinearStep {
+  std::shared_ptr<const Plan> forward, backward;
+  std::vector<std::string> forward_kernels, backward_kernels;  // names, for errors
+  int64_t y;                   // forward buffer slots
+  std::vector<int64_t> x_col;  // X's columnwise (data, scale, amax), none without wgrad
+  int64_t dx, dw, sums;        // backward buffer slots, -1 for none
+  int64_t rng_advance;         // added to the random state's offset after backward (0: no stochastic rounding)
+  int64_t bias_grad;           // 0: no bias; 1: from the backward plan's column sums; 2: dY summed here
+  c10::ScalarType bias_dtype;
+};
+
+// Keeps a step alive in an autograd context (saved_data holds IValues; a capsule holds any CustomClassHolder).
+struct StepHolder : torch::CustomClassHolder {
+  explicit StepHolder(std::shared_ptr<const LinearStep> s) : step(std::move(s)) {}
+  std::shared_ptr<const LinearStep> step;
+};
+
+at::Tensor buffer(const std::vector<at::Tensor>& buffers, const Plan& plan, int64_t slot) {
+  return slot < 0 ? at::Tensor() : buffers[slot - plan.inputs()];
+}
+
+at::Tensor as_dtype(const at::Tensor& t, c10::ScalarType dtype) {
+  return t.scalar_type() == dtype ? t : t.to(dtype);
+}
+
+std::optional<at::Tensor> optional_of(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
+// Y = X Wᵀ (+ bias) with X quantized on the way; backward: dY quantized, then dX = dY W and dW = dYᵀ X (or dW
+// accumulated into main_grad inside the GEMM), with db. operands: W rowwise (3), W columnwise (3), the epilogue's
+// fp32 bias, main_grad, the random state (each may be None where the step has no use for it).
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, const std::shared_ptr<const LinearStep>& step,
+                            const std::vector<std::optional<at::Tensor>>& operands, int64_t device) {
+    const Plan& plan = *step->forward;
+    const auto buffers = run_or_raise(plan, step->forward_kernels,
+                                      {x, std::nullopt, operands[0], operands[1], operands[2], operands[6]}, device,
+                                      current_stream(device));
+    torch::autograd::variable_list saved;
+    for (int64_t slot : step->x_col) saved.push_back(buffer(buffers, plan, slot));
+    saved.resize(3);
+    for (int i = 3; i < 6; ++i) saved.push_back(operands[i].value_or(at::Tensor()));
+    ctx->save_for_backward(std::move(saved));  // NVFP4 copies only (X's are absent without wgrad)
+    ctx->saved_data["step"] = at::IValue::make_capsule(c10::make_intrusive<StepHolder>(step));
+    ctx->saved_data["main_grad"] = operands[7];
+    ctx->saved_data["rng_state"] = operands[8];
+    ctx->saved_data["device"] = device;
+    return buffer(buffers, plan, step->y);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto holder = ctx->saved_data["step"].toCapsule();
+    const LinearStep& step = *static_cast<const StepHolder*>(holder.get())->step;
+    const auto saved = ctx->get_saved_variables();
+    const std::optional<at::Tensor> main_grad = ctx->saved_data["main_grad"].toOptional<at::Tensor>();
+    const std::optional<at::Tensor> rng_state = ctx->saved_data["rng_state"].toOptional<at::Tensor>();
+    const int64_t device = ctx->saved_data["device"].toInt();
+    // The plan was made for a contiguous dY at a 16-byte aligned address (autograd's own gradients are); any other
+    // dY is copied into one, which changes no value
+    at::Tensor dy = grads[0].contiguous();
+    if (reinterpret_cast<uintptr_t>(dy.data_ptr()) % 16) dy = dy.clone();
+    const Plan& plan = *step.backward;
+    const auto buffers = run_or_raise(plan, step.backward_kernels,
+                                      {dy, step.rng_advance ? rng_state : std::nullopt, optional_of(saved[3]),
+                                       optional_of(saved[4]), optional_of(saved[5]), optional_of(saved[0]),
+                                       optional_of(saved[1]), optional_of(saved[2]), main_grad},
+                                      device, current_stream(device));
+    if (step.rng_advance) rng_state->slice(0, 1).add_(step.rng_advance);  // as RNGState.advance, after the draws
+    at::Tensor db;
+    if (step.bias_grad == 1) db = as_dtype(buffer(buffers, plan, step.sums), step.bias_dtype);
+    if (step.bias_grad == 2) db = as_dtype(dy.sum({0}, false, at::kFloat), step.bias_dtype);  // rounded once
+    return {buffer(buffers, plan, step.dx), buffer(buffers, plan, step.dw), db, at::Tensor(), at::Tensor(),
+            at::Tensor()};
+  }
 };
 
 }  // namespace
@@ -112,16 +251,55 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::register_local_exception_translator([](std::exception_ptr raised) {
     try {
       if (raised) std::rethrow_exception(raised);
+    } catch (python_error& error) {  // a failed launch of a Linear step (run_or_raise)
+      error.restore();
     } catch (const c10::OutOfMemoryError& error) {
       PyErr_SetString(pybind11::module_::import("torch").attr("OutOfMemoryError").ptr(),
                       error.what_without_backtrace());
     }
   });
-  pybind11::class_<Plan>(m, "Plan")
+  pybind11::class_<Plan, std::shared_ptr<Plan>>(m, "Plan")
       .def(pybind11::init<int64_t, const std::vector<std::pair<std::vector<int64_t>, std::string>>&,
                           std::vector<int64_t>,
                           const std::vector<std::tuple<uint64_t, std::vector<uint64_t>,
                                                        std::vector<std::pair<int64_t, int64_t>>>>&>(),
            pybind11::arg("inputs"), pybind11::arg("buffers"), pybind11::arg("zeroed"), pybind11::arg("launches"))
       .def("run", &Plan::run, pybind11::arg("inputs"), pybind11::arg("device"), pybind11::arg("stream"));
+  pybind11::class_<LinearStep, std::shared_ptr<LinearStep>>(m, "LinearStep")
+      .def(pybind11::init([](std::shared_ptr<Plan> forward, std::vector<std::string> forward_kernels, int64_t y,
+                             std::vector<int64_t> x_col, std::shared_ptr<Plan> backward,
+                             std::vector<std::string> backward_kernels, int64_t dx, int64_t dw, int64_t sums,
+                             int64_t rng_advance, int64_t bias_grad, const std::string& bias_dtype) {
+             TORCH_CHECK(x_col.empty() || x_col.size() == 3, "fp4gen launcher: X's columnwise copy is 3 slots");
+             TORCH_CHECK(bias_grad >= 0 && bias_grad <= 2, "fp4gen launcher: bias_grad is 0, 1 or 2");
+             bool buffers = forward->is_buffer(y, false);
+             for (int64_t slot : x_col) buffers = buffers && forward->is_buffer(slot, false);
+             for (int64_t slot : {dx, dw}) buffers = buffers && backward->is_buffer(slot, true);
+             buffers = buffers && backward->is_buffer(sums, bias_grad != 1);
+             TORCH_CHECK(buffers, "fp4gen launcher: a LinearStep's output slots must name its plans' buffers");
+             return std::make_shared<LinearStep>(LinearStep{std::move(forward), std::move(backward),
+                                                            std::move(forward_kernels), std::move(backward_kernels),
+                                                            y, std::move(x_col), dx, dw, sums, rng_advance, bias_grad,
+                                                            dtype_named(bias_dtype)});
+           }),
+           pybind11::arg("forward"), pybind11::arg("forward_kernels"), pybind11::arg("y"), pybind11::arg("x_col"),
+           pybind11::arg("backward"), pybind11::arg("backward_kernels"), pybind11::arg("dx"), pybind11::arg("dw"),
+           pybind11::arg("sums"), pybind11::arg("rng_advance"), pybind11::arg("bias_grad"),
+           pybind11::arg("bias_dtype"));
+  // Y of one training step (autograd records the backward node); operands as LinearFunction takes them
+  m.def("linear_step",
+        [](const std::shared_ptr<LinearStep>& step, const at::Tensor& x, const at::Tensor& weight,
+           const std::optional<at::Tensor>& bias, const std::vector<std::optional<at::Tensor>>& operands,
+           int64_t device) {
+          TORCH_CHECK(operands.size() == 9, "fp4gen launcher: linear_step takes 9 operands, got ", operands.size());
+          return LinearFunction::apply(x, weight, bias, std::shared_ptr<const LinearStep>(step), operands, device);
+        },
+        pybind11::arg("step"), pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"),
+        pybind11::arg("operands"), pybind11::arg("device"));
+  // What a failed launch raises: the exception type and the texts of the kernels' refusal statuses
+  m.def("set_errors", [](pybind11::object error_type, std::map<int64_t, std::string> texts) {
+    Py_XDECREF(kernel_error);
+    kernel_error = error_type.release().ptr();
+    status_texts = std::move(texts);
+  });
 }

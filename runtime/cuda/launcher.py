@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import BuildError
+from ..errors import BuildError, KernelError
+from . import library
 from .manifest import cache_root
 
 SOURCE = Path(__file__).with_name("launcher.cpp")
@@ -65,7 +66,9 @@ def module():
     """The compiled launcher module, compiling it first if this PyTorch has none in the cache."""
     global _MODULE
     if _MODULE is None:
-        _MODULE = _load_or_build()
+        loaded = _load_or_build()
+        loaded.set_errors(KernelError, library.STATUS)  # what a Linear step's failed launch raises
+        _MODULE = loaded
     return _MODULE
 
 

@@ -11,7 +11,7 @@ from .manifest import INDEX, build_command, lib_dir, load_manifest
 
 ABI_VERSION = 2  # must equal FP4GEN_ABI_VERSION in templates/include/fp4gen/abi.h
 _CTYPES = {"pointer": ctypes.c_void_p, "int64": ctypes.c_int64, "float32": ctypes.c_float}
-_STATUS = {
+STATUS = {  # a kernel's refusal statuses (1000 + e: CUDA error e)
     1: "the problem breaks the kernel's shape or stride rules",
     2: "a pointer or row stride breaks the kernel's alignment",
 }
@@ -78,7 +78,7 @@ class Kernel:
         if status >= 1000:
             raise KernelError(f"{self.name}: {call} failed with CUDA error {status - 1000}")
         raise KernelError(f"{self.name}: {call} refused the problem (status {status}: "
-                          f"{_STATUS.get(status, 'unknown status')})")
+                          f"{STATUS.get(status, 'unknown status')})")
 
     def can_implement(self, *args) -> int:
         return self._can_implement(*args)

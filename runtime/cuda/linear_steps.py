@@ -1,13 +1,16 @@
-"""fp4gen.nn.Linear's eager forward and backward, each as one launch plan: the quantization of X (of dY) and the
-GEMMs that read it, composed from the same plans that fp4gen.quantize and fp4gen.gemm run, so one call into the
-C++ launcher allocates every output and launches every kernel of the step.
+"""fp4gen.nn.Linear's eager steps as launch plans: the quantization of X (of dY) and the GEMMs that read it,
+composed from the same plans that fp4gen.quantize and fp4gen.gemm run, so that one call into the C++ launcher
+allocates every output and launches every kernel of a direction.
 
 A small layer's eager step spends its time on the host: each separate call adds Python, argument checks and
-operand containers around the launches. A step plan is made at the first step of each kind (shapes, dtypes,
-alignment, recipe), after that step ran the separate calls (which also let the autotuner measure its GEMMs),
-and is kept. A step that a plan cannot express returns None here and takes the separate calls: a GEMM whose call needs
-tensors made per call (see ops.gemm_plan_of_operands) never has a step plan; one whose kernel choice is not
-final yet (the autotuner has not measured its shape class) gets one at a later step, once it is.
+operand containers around the launches. Two kinds of step:
+- ForwardStep: Y = X Wᵀ (+ bias) with X quantized on the way, for inference (no autograd graph);
+- TrainingStep: the forward's plan and the backward's, run by the launcher's LinearFunction, a C++ autograd
+  function whose backward node runs the backward plan. No Python runs between autograd and the launches.
+A step is made at the first call of each kind (shapes, dtypes, alignment, recipe) whose GEMM choices are final,
+and kept. A call that a step cannot express gets None here and takes the separate calls: a GEMM whose call needs
+tensors made per call (see ops.gemm_plan_of_operands) never has a step; one whose kernel choice is not final yet
+(the autotuner has not measured its shape class: the separate calls do that) gets one at a later call.
 """
 from __future__ import annotations
 
@@ -15,19 +18,23 @@ import torch
 
 from ..formats import BLOCK, NVFP4Data
 from ..options import QuantizeOptions
-from . import ops
+from ..rng import OFFSETS_PER_CALL
+from . import launcher, ops
 from .launch_plan import LaunchPlan, Slot, remember
 
 _FORWARD = {}  # forward_step's key -> ForwardStep, or None where no plan can express the step
-_BACKWARD = {}  # backward_step's key -> BackwardStep, or None
+_TRAINING = {}  # training_step's key -> the launcher's LinearStep, or None
 
 
-def _stand_in(plan: LaunchPlan, slots, e4m3_max: float, device) -> NVFP4Data:
-    """An operand shaped like the plan's (data, scale, amax) buffers at `slots`, for choosing the GEMM that reads
-    them: fresh allocations, aligned as the plan's own buffers are (never read)."""
-    data, scale, amax = (torch.empty(plan.buffers[slot - plan.inputs][0], dtype=plan.buffers[slot - plan.inputs][1],
-                                     device=device) for slot in slots)
-    return NVFP4Data._made_by_fp4gen(data, scale, amax, e4m3_max)
+def _stand_in(plan: LaunchPlan, slots, device) -> tuple:
+    """Tensors shaped like the plan's (data, scale, amax) buffers at `slots`, for choosing the GEMM that reads them:
+    fresh allocations, aligned as the plan's own buffers are (never read)."""
+    return tuple(torch.empty(plan.buffers[slot - plan.inputs][0], dtype=plan.buffers[slot - plan.inputs][1],
+                             device=device) for slot in slots)
+
+
+def _operand(plan: LaunchPlan, slots, e4m3_max: float, device) -> NVFP4Data:
+    return NVFP4Data._made_by_fp4gen(*_stand_in(plan, slots, device), e4m3_max)
 
 
 def _alignment(*tensors) -> tuple:
@@ -80,7 +87,7 @@ def _build_forward(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max)
     quantize = ops.quantize_plan(x2d, recipe.activation_scaling, (1, BLOCK), True, need_wgrad, options)
     row, col, _, _ = quantize.result
     w = NVFP4Data._made_by_fp4gen(*w_row, w_e4m3_max)
-    gemm = _gemm(_stand_in(quantize, row, x_e4m3_max, device), w, x2d.dtype, bias is not None)
+    gemm = _gemm(_operand(quantize, row, x_e4m3_max, device), w, x2d.dtype, bias is not None)
     if gemm is None:
         return None
     plan = LaunchPlan(inputs=6)  # x, the random state (none), W's (data, scale, amax), the bias
@@ -95,33 +102,74 @@ def _build_forward(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max)
 
 
 class BackwardStep:
-    """dY quantized, then dX = dY W and dW = dYᵀ X (or dW accumulated into main_grad): inputs (dy, the random
-    state, W's columnwise triple, X's columnwise triple, main_grad or None); run() returns (dx or None, dw or
-    None, dY's column sums or None)."""
+    """The backward's plan: dY quantized, then dX = dY W and dW = dYᵀ X (or dW accumulated into main_grad); inputs
+    (dy, the random state, W's columnwise triple, X's columnwise triple, main_grad or None); dx, dw and sums are
+    the slots of dX, dW and dY's column sums (None where the step makes none)."""
 
     __slots__ = ("plan", "dx", "dw", "sums")
 
-    def run(self, dy: torch.Tensor, rng_state, w_col: tuple, x_col: tuple, main_grad) -> tuple:
-        buffers = self.plan.run(ops._launch, [dy, rng_state, *w_col, *(x_col or (None,) * 3), main_grad], dy.device)
-        return tuple(self.plan.tensor(buffers, slot) for slot in (self.dx, self.dw, self.sums))
 
-
-def backward_step(dy: torch.Tensor, w_col: tuple, x_col, main_grad, recipe, needs_x_grad: bool, need_wgrad: bool,
-                  column_sums: bool, x_dtype, w_dtype, x_e4m3_max: float, w_e4m3_max: float):
-    """The BackwardStep of this kind of call, or None (then the caller makes the separate calls)."""
-    key = (dy.device.index, dy.dtype, *dy.shape, dy.stride(0), dy.data_ptr() % 16, tuple(w_col[0].shape),
-           _alignment(*w_col, *(x_col or ()), main_grad), main_grad.stride() if main_grad is not None else None,
-           needs_x_grad, need_wgrad, column_sums, x_dtype, w_dtype, x_e4m3_max, w_e4m3_max, recipe)
+def training_step(x2d: torch.Tensor, w_row: tuple, w_col: tuple, recipe, needs_x_grad: bool, need_wgrad: bool,
+                  epilogue_bias, bias_dtype, main_grad, w_dtype, x_e4m3_max: float, w_e4m3_max: float):
+    """The launcher's LinearStep for this kind of training call, or None (then the caller makes the separate
+    calls). bias_dtype: the bias parameter's dtype, None without a bias."""
+    key = (x2d.device.index, x2d.dtype, *x2d.shape, x2d.stride(0), x2d.data_ptr() % 16, tuple(w_row[0].shape),
+           w_row[2].shape[0], _alignment(*w_row, *w_col, epilogue_bias, main_grad),
+           main_grad.stride() if main_grad is not None else None, needs_x_grad, need_wgrad, bias_dtype, w_dtype,
+           recipe)
     try:
-        return _BACKWARD[key]
+        return _TRAINING[key]
     except KeyError:
         pass
     try:
-        step = _build_backward(dy, w_col, x_col, main_grad, recipe, needs_x_grad, need_wgrad, column_sums, x_dtype,
-                               w_dtype, x_e4m3_max, w_e4m3_max)
+        step = _build_training(x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias, bias_dtype,
+                               main_grad, w_dtype, x_e4m3_max, w_e4m3_max)
     except _NotYet:
         return None
-    return remember(_BACKWARD, key, step)
+    return remember(_TRAINING, key, step)
+
+
+def run_training_step(step, x2d: torch.Tensor, weight: torch.Tensor, bias, w_row: tuple, w_col: tuple,
+                      epilogue_bias, main_grad, rng_state) -> torch.Tensor:
+    """Y of the step, with autograd's node for its backward recorded when x2d, weight or bias requires grad. rng_state:
+    the random state's tensor with stochastic rounding, else None."""
+    device = x2d.device.index if x2d.is_cuda else -1  # -1: plans of host functions (the CPU tests')
+    return launcher.module().linear_step(step, x2d, weight, bias, [*w_row, *w_col, epilogue_bias, main_grad, rng_state],
+                                         device)
+
+
+def _build_training(x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias, bias_dtype, main_grad,
+                    w_dtype, x_e4m3_max, w_e4m3_max):
+    forward = _build_forward(x2d, w_row, recipe, need_wgrad, epilogue_bias, x_e4m3_max, w_e4m3_max)
+    if forward is None:
+        return None
+    # db from the pass that quantizes dY where that pass has an amax pass of its own (tensor-scaled gradients);
+    # else the launcher sums dY itself
+    sums_with_dy = bias_dtype is not None and recipe.gradient_scaling == "tensor"
+    # dY as autograd hands it over: contiguous, at an aligned address (the launcher copies any other into one)
+    dy = torch.empty(x2d.shape[0], w_row[0].shape[0], dtype=x2d.dtype, device=x2d.device)
+    x_col = _stand_in(forward.plan, forward.x_col, x2d.device) if forward.x_col else None
+    backward = _build_backward(dy, w_col, x_col, main_grad, recipe, needs_x_grad, need_wgrad, sums_with_dy,
+                               x2d.dtype, w_dtype, x_e4m3_max, w_e4m3_max)
+    if backward is None:
+        return None
+    return launcher.module().LinearStep(
+        _native(forward.plan), _names(forward.plan), forward.y, list(forward.x_col or ()), _native(backward.plan),
+        _names(backward.plan), _slot(backward.dx), _slot(backward.dw), _slot(backward.sums),
+        OFFSETS_PER_CALL if recipe.gradient_rounding == "stochastic" else 0,
+        0 if bias_dtype is None else 1 if sums_with_dy else 2, str(bias_dtype or torch.float32).replace("torch.", ""))
+
+
+def _native(plan: LaunchPlan):
+    return plan._native if plan._native is not None else plan._make_native()
+
+
+def _names(plan: LaunchPlan) -> list:
+    return [kernel.name for kernel, _, _ in plan.launches]
+
+
+def _slot(slot) -> int:
+    return -1 if slot is None else slot
 
 
 def _build_backward(dy, w_col, x_col, main_grad, recipe, needs_x_grad, need_wgrad, column_sums, x_dtype, w_dtype,
@@ -138,14 +186,14 @@ def _build_backward(dy, w_col, x_col, main_grad, recipe, needs_x_grad, need_wgra
     step.sums = q[sums] if sums is not None else None
     if needs_x_grad:  # dgrad: dY [M, N] x (W columnwise = Wᵀ [K, N])
         w = NVFP4Data._made_by_fp4gen(*w_col, w_e4m3_max)
-        gemm = _gemm(_stand_in(quantize, row, dy_e4m3_max, device), w, x_dtype)
+        gemm = _gemm(_operand(quantize, row, dy_e4m3_max, device), w, x_dtype)
         if gemm is None:
             return None
         g = plan.include(gemm, [q[row[0]], q[row[1]], Slot(2), Slot(3), q[row[2]], Slot(4), None, None])
         step.dx = g[gemm.inputs]
     if need_wgrad:  # wgrad: (dY columnwise = dYᵀ [N, M]) x (X columnwise = Xᵀ [K, M])
         x = NVFP4Data._made_by_fp4gen(*x_col, x_e4m3_max)
-        a = _stand_in(quantize, col, dy_e4m3_max, device)
+        a = _operand(quantize, col, dy_e4m3_max, device)
         gemm = _gemm(a, x, torch.float32 if main_grad is not None else w_dtype, accumulate_into=main_grad)
         if gemm is None:
             return None
@@ -157,4 +205,4 @@ def _build_backward(dy, w_col, x_col, main_grad, recipe, needs_x_grad, need_wgra
 
 
 # forgotten with the plans they are made of (ops.clear_plans, ops.row_pass_limits)
-ops.DEPENDENT_PLANS += [_FORWARD, _BACKWARD]
+ops.DEPENDENT_PLANS += [_FORWARD, _TRAINING]

@@ -73,24 +73,26 @@ def test_gemm_through_the_cpp_launcher_equals_launches_from_python(launch_with, 
 
 @pytest.mark.parametrize("case", LAYER_CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "default")
 def test_linear_steps_as_one_plan_equal_the_separate_calls(launch_with, monkeypatch, case):
-    """fp4gen.nn.Linear's eager steps through the C++ launcher run as one launch plan a direction
-    (linear_steps.py); from Python they make the separate quantize and GEMM calls. Same bytes either way."""
+    """fp4gen.nn.Linear's eager steps through the C++ launcher run as one launch plan a direction: a training step
+    as the launcher's LinearStep (its backward from autograd's C++ node), a forward without autograd as a
+    ForwardStep (linear_steps.py); from Python they make the separate quantize and GEMM calls. Same bytes either
+    way."""
     from fp4gen.cuda import linear_steps
     ran = []
-    for name in ("ForwardStep", "BackwardStep"):
-        step_class = getattr(linear_steps, name)
-        monkeypatch.setattr(step_class, "run", lambda self, *args, _run=step_class.run, _name=name:
-                            ran.append(_name) or _run(self, *args))
+    monkeypatch.setattr(linear_steps.ForwardStep, "run", lambda self, *args, _run=linear_steps.ForwardStep.run:
+                        ran.append("forward step") or _run(self, *args))
+    monkeypatch.setattr(linear_steps, "run_training_step", lambda *args, _run=linear_steps.run_training_step:
+                        ran.append("training step") or _run(*args))
     launch_with("python")
     separate = linear_steps_outputs(case, "cuda", 3)
     assert ran == []
     launch_with("cpp")
-    # the first step makes the separate calls (its GEMM choices are not final before it), the next ones a plan each
+    # the first step makes the separate calls (its GEMM choices are not final before it), the next ones the steps
     stepped = linear_steps_outputs(case, "cuda", 3)
-    assert "ForwardStep" in ran and ("BackwardStep" in ran or case.get("inference"))
+    assert ("forward step" if case.get("inference") else "training step") in ran
     assert len(stepped) == len(separate)
     for ours, theirs in zip(stepped, separate):
-        assert torch.equal(ours, theirs)
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
 
 
 def test_a_failing_launch_raises_the_kernels_error_through_the_cpp_launcher(launch_with):
