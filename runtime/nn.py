@@ -253,31 +253,31 @@ class Linear(torch.nn.Linear):
         self._weight_cache = None
         self._bias_cache = None
 
-    def _quantized_weight(self):
+    def _quantized_weight(self, ops, weight: torch.Tensor, in_graph: bool):
         """(rowwise, columnwise) triples of W, per tensor. Cached on the weight's version counter in eager
-        mode; under torch.compile or CUDA-graph capture the quantization is part of the graph instead."""
-        w = self.weight.detach()
-        ops = torch_ops.for_caller()
-        if traced_or_captured(w):  # the graph must contain the quantization itself
+        mode; in_graph (torch.compile tracing or CUDA-graph capture: traced_or_captured) makes the
+        quantization part of the graph instead."""
+        w = weight.detach()
+        if in_graph:  # the graph must contain the quantization itself
             q = self._quantize_weight(ops, w)
             return q[:3], q[3:]
-        key = (self.weight._version, _optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
+        key = (weight._version, _optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
         if self._weight_cache is None or self._weight_cache[0] != key:
             q = self._quantize_weight(ops, w)
             self._weight_cache = (key, q[:3], q[3:])
         return self._weight_cache[1], self._weight_cache[2]
 
-    def _epilogue_bias(self, y_dtype: torch.dtype):
+    def _epilogue_bias(self, bias, y_dtype: torch.dtype, in_graph: bool):
         """The bias as the fprop GEMM's epilogue adds it, or None: rounded to the GEMM's output dtype (under
         autocast an fp32 bias is rounded to the compute dtype, as torch.nn.Linear's autocast cast does), then
         widened to the fp32 the epilogue takes. Cached like the quantized weight, so an eager step does not
         convert it again (a launch and an allocation)."""
-        if self.bias is None:
+        if bias is None:
             return None
-        b = self.bias.detach()
-        if traced_or_captured(b):
+        b = bias.detach()
+        if in_graph:
             return b.to(y_dtype).to(torch.float32)
-        key = (self.bias._version, _optimizer_steps, b.data_ptr(), b.dtype, b.device, y_dtype)
+        key = (bias._version, _optimizer_steps, b.data_ptr(), b.dtype, b.device, y_dtype)
         if self._bias_cache is None or self._bias_cache[0] != key:
             self._bias_cache = (key, b.to(y_dtype).to(torch.float32))
         return self._bias_cache[1]
@@ -287,11 +287,11 @@ class Linear(torch.nn.Linear):
         return ops.quantize(w, "tensor", list(recipe.weight_block), True, True, "nearest", False,
                             recipe.weight_four_over_six, _no_rng(w))
 
-    def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+    def _compute_dtype(self, x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
         """The dtype the GEMMs take X in and Y comes out in: autocast's, else x's, which must then be the
         parameters' dtype."""
-        if self.weight.dtype not in PARAM_DTYPES:  # e.g. after .double()
-            raise TypeError(f"the layer's parameters are {self.weight.dtype}; fp4gen.nn.Linear quantizes "
+        if weight.dtype not in PARAM_DTYPES:  # e.g. after .double()
+            raise TypeError(f"the layer's parameters are {weight.dtype}; fp4gen.nn.Linear quantizes "
                             f"{dtype_names(PARAM_DTYPES)} weights")
         autocast = _autocast_dtype(x)
         if autocast is not None:
@@ -299,8 +299,8 @@ class Linear(torch.nn.Linear):
                 raise TypeError(f"torch.autocast computes in {autocast} here; fp4gen.nn.Linear takes "
                                 f"{dtype_names(PARAM_DTYPES)}")
             return autocast
-        if x.dtype != self.weight.dtype:
-            raise TypeError(f"input dtype {x.dtype} differs from the layer's parameters ({self.weight.dtype}); "
+        if x.dtype != weight.dtype:
+            raise TypeError(f"input dtype {x.dtype} differs from the layer's parameters ({weight.dtype}); "
                             f"outside torch.autocast they must agree: cast the input, or run the model under "
                             f"torch.autocast")
         return x.dtype
@@ -309,46 +309,50 @@ class Linear(torch.nn.Linear):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features in its last dimension; this layer takes "
                              f"in_features={self.in_features}")
+        weight, bias, recipe = self.weight, self.bias, self.recipe  # each a module attribute lookup: fetched once
         flat = x.dim() == 2  # [tokens, in_features] already: no view, and no view node for autograd to walk back
-        x2d = _as(x if flat else x.reshape(-1, self.in_features), self._compute_dtype(x))  # autocast's cast
+        x2d = _as(x if flat else x.reshape(-1, self.in_features), self._compute_dtype(x, weight))  # autocast's cast
         tokens = x2d.shape[0]
-        need_wgrad = torch.is_grad_enabled() and self.weight.requires_grad
+        grad = torch.is_grad_enabled()
+        need_wgrad = grad and weight.requires_grad
         if need_wgrad and tokens % BLOCK:
             raise ValueError(f"the input flattens to {tokens} tokens; training needs a multiple of {BLOCK} "
                              f"(wgrad contracts over tokens in NVFP4 blocks)")
-        qw_row, qw_col = self._quantized_weight()
-        if not torch.is_grad_enabled():  # inference: no graph to record, nothing to save for backward
-            y = _fprop(torch_ops.for_caller(), x2d, qw_row, self.recipe, False,
-                       self._epilogue_bias(GEMM_OUT[x2d.dtype]))[0]
+        ops = torch_ops.for_caller()
+        in_graph = ops is not torch_ops.EAGER or (x2d.is_cuda and torch.cuda.is_current_stream_capturing())
+        qw_row, qw_col = self._quantized_weight(ops, weight, in_graph)
+        epilogue_bias = self._epilogue_bias(bias, GEMM_OUT[x2d.dtype], in_graph)
+        if not grad:  # inference: no graph to record, nothing to save for backward
+            y = _fprop(ops, x2d, qw_row, recipe, False, epilogue_bias)[0]
             return y if flat else y.reshape(*x.shape[:-1], self.out_features)
-        main_grad = main_grad_of(self.weight) if self.accumulate_main_grad else None
+        main_grad = main_grad_of(weight) if self.accumulate_main_grad else None
         # stochastic rounding of dY draws from the device's default state, advanced by each backward
-        rng_state = RNGState.default(x2d.device).tensor if self.recipe.stochastic_rounding else _no_rng(x2d)
-        epilogue_bias = self._epilogue_bias(GEMM_OUT[x2d.dtype])
-        y = self._training_step(x2d, qw_row, qw_col, need_wgrad, epilogue_bias, main_grad, rng_state)
+        rng_state = RNGState.default(x2d.device).tensor if recipe.stochastic_rounding else None
+        y = self._training_step(ops, x2d, weight, bias, qw_row, qw_col, need_wgrad, epilogue_bias, main_grad,
+                                rng_state)
         if y is None:
-            y = _NVFP4LinearFunction.apply(x2d, self.weight, self.bias, qw_row, qw_col, self.recipe, main_grad,
-                                           need_wgrad, rng_state, epilogue_bias)
+            y = _NVFP4LinearFunction.apply(x2d, weight, bias, qw_row, qw_col, recipe, main_grad, need_wgrad,
+                                           rng_state if rng_state is not None else _no_rng(x2d), epilogue_bias)
         return y if flat else y.reshape(*x.shape[:-1], self.out_features)
 
-    def _training_step(self, x2d, qw_row, qw_col, need_wgrad, epilogue_bias, main_grad, rng_state):
+    def _training_step(self, ops, x2d, weight, bias, qw_row, qw_col, need_wgrad, epilogue_bias, main_grad,
+                       rng_state):
         """Y from the C++ launcher's LinearStep, which records its own backward node, where one expresses this
         step (fp4gen.cuda.linear_steps: the same kernels as _NVFP4LinearFunction's separate calls); else None."""
         needs_x_grad = x2d.requires_grad
-        if not (needs_x_grad or need_wgrad) or self.weight.dtype not in _STEP_DTYPES:
+        if not (needs_x_grad or need_wgrad) or weight.dtype not in _STEP_DTYPES:
             return None
-        steps = _step_plans(torch_ops.for_caller(), x2d)
+        steps = _step_plans(ops, x2d)
         if steps is None:
             return None
         recipe = self.recipe
         step = steps.training_step(x2d, qw_row, qw_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
-                                   self.bias.dtype if self.bias is not None else None, main_grad, self.weight.dtype,
+                                   bias.dtype if bias is not None else None, main_grad, weight.dtype,
                                    e4m3_max_of(recipe.activation_four_over_six),
                                    e4m3_max_of(recipe.weight_four_over_six))
         if step is None:
             return None
-        return steps.run_training_step(step, x2d, self.weight, self.bias, qw_row, qw_col, epilogue_bias, main_grad,
-                                       rng_state if recipe.stochastic_rounding else None)
+        return steps.run_training_step(step, x2d, weight, bias, qw_row, qw_col, epilogue_bias, main_grad, rng_state)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe}"
