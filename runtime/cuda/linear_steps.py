@@ -4,9 +4,10 @@ allocates every output and launches every kernel of a direction.
 
 A small layer's eager step spends its time on the host: each separate call adds Python, argument checks and
 operand containers around the launches. Two kinds of step:
-- ForwardStep: Y = X Wᵀ (+ bias) with X quantized on the way, for inference (no autograd graph);
-- TrainingStep: the forward's plan and the backward's, run by the launcher's LinearFunction, a C++ autograd
-  function whose backward node runs the backward plan. No Python runs between autograd and the launches.
+- ForwardStep (forward_step): Y = X Wᵀ (+ bias) with X quantized on the way, for a forward without autograd;
+- the launcher's LinearStep (training_step): the forward's plan and the backward's (BackwardStep), which the
+  launcher's C++ autograd function runs, the backward's from its node in autograd's graph, so no Python runs
+  between autograd and the launches.
 A step is made at the first call of each kind (shapes, dtypes, alignment, recipe) whose GEMM choices are final,
 and kept. A call that a step cannot express gets None here and takes the separate calls: a GEMM whose call needs
 tensors made per call (see ops.gemm_plan_of_operands) never has a step; one whose kernel choice is not final yet
@@ -42,8 +43,8 @@ def _alignment(*tensors) -> tuple:
 
 
 class ForwardStep:
-    """Y = X Wᵀ (+ bias) with X quantized on the way: inputs (x, w data, w scale, w amax, bias or None); run()
-    returns (y, X's columnwise (data, scale, amax) or None)."""
+    """Y = X Wᵀ (+ bias) with X quantized on the way: inputs (x, no random state, W's (data, scale, amax), the
+    bias or None); run() returns (y, X's columnwise (data, scale, amax) or None)."""
 
     __slots__ = ("plan", "y", "x_col")
 
