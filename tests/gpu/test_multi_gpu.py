@@ -91,3 +91,32 @@ def test_grouped_linear_step_on_the_other_device(current, target):
             results[dev] = (y.cpu(), x.grad.cpu(), layer.weight.grad.cpu())
     for a, b in zip(results[current], results[target]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("current,target", [(0, 1), (1, 0)])
+def test_linear_steps_on_the_other_device(current, target):
+    """fp4gen.nn.Linear's steps with the layer on `target` while `current` stays the current device: the first step
+    makes the separate calls, the next ones run as the C++ launcher's LinearStep (its backward from autograd's
+    node); the same results as on `current`, step by step."""
+    torch.manual_seed(0)
+    xs = [torch.randn(64, 128).bfloat16() for _ in range(3)]
+    dys = [torch.randn(64, 96).bfloat16() for _ in range(3)]
+    results = {}
+    for dev in (current, target):
+        with torch.cuda.device(current):
+            torch.manual_seed(1)
+            layer = fp4gen.nn.Linear(128, 96, device=f"cuda:{dev}", dtype=torch.bfloat16,
+                                     recipe=fp4gen.Recipe(stochastic_rounding=True))
+            fp4gen.RNGState.default(f"cuda:{dev}").reset(7)
+            results[dev] = []
+            for x_cpu, dy_cpu in zip(xs, dys):
+                layer.zero_grad(set_to_none=True)
+                x = x_cpu.to(f"cuda:{dev}").requires_grad_(True)
+                y = layer(x)
+                y.backward(dy_cpu.to(f"cuda:{dev}"))
+                assert torch.cuda.current_device() == current and y.device == torch.device(f"cuda:{dev}")
+                torch.cuda.synchronize(dev)
+                results[dev] += [y.cpu(), x.grad.cpu(), layer.weight.grad.cpu(), layer.bias.grad.cpu()]
+            results[dev].append(fp4gen.RNGState.default(f"cuda:{dev}").tensor.cpu())
+    for a, b in zip(results[current], results[target]):
+        assert torch.equal(a, b)
