@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fp4gen.cuda import launcher, library
-from fp4gen.cuda.launch_plan import INPUT, RNG, LaunchPlan
+from fp4gen.cuda.launch_plan import INPUT, RNG, LaunchPlan, Slot
 
 RUN_PACKED = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p)
 
@@ -78,6 +78,46 @@ def test_a_native_run_stops_at_the_first_failing_launch_and_says_which(native):
     # LaunchPlan.run raises through the failing launch's kernel (only on CUDA devices; here by hand)
     with pytest.raises(RuntimeError, match="failing: run status 1002"):
         plan.launches[failed][0].raise_for(status, "run")
+
+
+def test_shared_buffers_lie_apart_in_one_allocation_at_multiples_of_256_bytes(native):
+    kernel = RecordingKernel("k", ["pointer"] * 5)
+    plan = LaunchPlan(inputs=1)
+    codes, scales, amax = plan.buffer(3, 40), plan.buffer(3, 5, dtype=torch.float8_e4m3fn), plan.buffer(3, 7)
+    own, empty = plan.buffer(2, dtype=torch.bfloat16), plan.buffer(0, dtype=torch.float32)
+    plan.share(codes, None, scales, empty)
+    plan.share(amax)
+    plan.launch(kernel, codes, scales, amax, own, empty)
+    plan.zero(scales)
+    buffers, _, _ = plan._make_native().run([None], -1, 0)
+    assert [(tuple(b.shape), b.dtype) for b in buffers] == [
+        ((3, 40), torch.uint8), ((3, 5), torch.float8_e4m3fn), ((3, 7), torch.uint8), ((2,), torch.bfloat16),
+        ((0,), torch.float32)]
+    block = buffers[0].untyped_storage()
+    assert buffers[1].untyped_storage().data_ptr() == block.data_ptr()  # one allocation
+    assert buffers[2].untyped_storage().data_ptr() != block.data_ptr()  # another group
+    assert buffers[3].untyped_storage().data_ptr() not in (block.data_ptr(), buffers[2].untyped_storage().data_ptr())
+    (words, _), = kernel.calls
+    assert words == [b.data_ptr() for b in buffers]
+    assert words[1] - words[0] == 256 and block.nbytes() == 512  # 120 bytes, then 15, each rounded up; then none
+    assert torch.equal(buffers[1].view(torch.uint8), torch.zeros(3, 5, dtype=torch.uint8))  # zeroed in place
+    buffers[0].fill_(7)  # ordinary tensors to PyTorch's operators, each over its own bytes
+    assert torch.equal(buffers[0] + 1, torch.full((3, 40), 8, dtype=torch.uint8))
+    assert torch.equal(buffers[1].view(torch.uint8), torch.zeros(3, 5, dtype=torch.uint8))
+
+
+def test_share_takes_distinct_buffers_of_the_plan_once():
+    plan = LaunchPlan(inputs=2)
+    a, b = plan.buffer(4), plan.buffer(4)
+    with pytest.raises(ValueError, match="distinct buffers"):
+        plan.share(a, a)
+    with pytest.raises(ValueError, match="distinct buffers"):
+        plan.share(Slot(1), a)  # an input
+    plan.share(a)
+    with pytest.raises(ValueError, match="distinct buffers"):
+        plan.share(a, b)  # already shared
+    with pytest.raises(ValueError, match="cannot be shared"):
+        LaunchPlan(inputs=2).include(plan, [Slot(0), Slot(1)])
 
 
 def test_the_launcher_refuses_a_plan_that_names_a_slot_it_does_not_have(native):

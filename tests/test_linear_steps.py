@@ -351,6 +351,8 @@ class ReferenceSteps:
                 _at(words[11], (n,), torch.float32).copy_(out[2])
         backward.launch(self._kernel("reference backward", run_backward), *(Slot(i) for i in range(9)),
                         dx, dw, sums)
+        linear_steps._share(forward, [y_slot], x_col)  # X's columnwise copy in one allocation, as the real steps
+        linear_steps._share(backward, [dx, dw, sums])
         native = launcher.module()
         return native.LinearStep(forward._make_native(), ["reference forward"], y_slot, list(x_col),
                                  backward._make_native(), ["reference backward"], linear_steps._slot(dx),

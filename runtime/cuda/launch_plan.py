@@ -28,13 +28,14 @@ class LaunchPlan:
     run() for each call. Slots 0 .. inputs-1 are the run's input tensors, the buffers' slots follow. `result` is
     for the caller: what the buffers mean (run() does not read it)."""
 
-    __slots__ = ("inputs", "buffers", "launches", "zeroed", "result", "_native")
+    __slots__ = ("inputs", "buffers", "launches", "zeroed", "shared", "result", "_native")
 
     def __init__(self, inputs: int = 2):
         self.inputs = inputs
         self.buffers = []  # (shape, dtype) of each buffer, allocated by every run
         self.launches = []  # (kernel, argument template, ((position, slot), ...))
         self.zeroed = []  # buffers that a run zeroes (an empty input's amaxes) instead of launching
+        self.shared = []  # groups of buffer slots that the C++ launcher allocates together (share())
         self.result = None
         self._native = None  # the C++ launcher's copy of the plan, made at its first run there
 
@@ -51,11 +52,24 @@ class LaunchPlan:
         """Zero these buffers in each run (None and repeats are skipped)."""
         self.zeroed += [slot for slot in dict.fromkeys(slots) if slot is not None and slot not in self.zeroed]
 
+    def share(self, *slots) -> None:
+        """Allocate these buffers (None is skipped) as one allocation in each run through the C++ launcher, each at a
+        multiple of 256 bytes in it: one allocator call instead of one each. For buffers whose lifetimes end
+        together (a run's scratch, or the parts of one operand): memory is freed when the last of them is."""
+        group = [slot for slot in slots if slot is not None]
+        taken = {slot for other in self.shared for slot in other}
+        if len(set(group)) != len(group) or any(not self.inputs <= slot < self.inputs + len(self.buffers)
+                                                or slot in taken for slot in group):
+            raise ValueError(f"slots {group}: share() takes distinct buffers that no other group shares")
+        self.shared.append(group)
+
     def include(self, other: "LaunchPlan", inputs: list) -> dict:
         """Append other's buffers, zeroing and launches to this plan, with other's input i standing for
         inputs[i] (a slot of this plan, or None for a null pointer); returns other's slots -> this plan's."""
         if len(inputs) != other.inputs:
             raise ValueError(f"the included plan takes {other.inputs} inputs, got {len(inputs)}")
+        if other.shared:  # the including plan decides what its buffers share
+            raise ValueError("an included plan's buffers cannot be shared: share() them in the including plan")
         mapping = dict(enumerate(inputs))
         for index, (shape, dtype) in enumerate(other.buffers):
             mapping[other.inputs + index] = self.buffer(*shape, dtype=dtype)
@@ -92,11 +106,15 @@ class LaunchPlan:
         return buffers
 
     def _make_native(self):
+        shared = [-1] * len(self.buffers)
+        for group, slots in enumerate(self.shared):
+            for slot in slots:
+                shared[slot - self.inputs] = group
         self._native = launcher.module().Plan(
             self.inputs, [(list(shape), str(dtype).replace("torch.", "")) for shape, dtype in self.buffers],
             list(self.zeroed),
             [(kernel.run_packed_address, kernel.pack(template), list(slots))
-             for kernel, template, slots in self.launches])
+             for kernel, template, slots in self.launches], shared)
         return self._native
 
     def tensor(self, buffers: list, slot):

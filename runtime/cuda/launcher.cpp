@@ -50,18 +50,41 @@ struct Launch {
   std::vector<std::pair<int64_t, int64_t>> slots;   // (argument position, slot)
 };
 
+// Where buffers that share one allocation lie in it: each at a multiple of 256 bytes (the kernels need 16, and
+// plans are worked out for the alignment of fresh allocations).
+constexpr int64_t kShareAlignment = 256;
+
 class Plan {
  public:
   // inputs: how many per-call tensors run() takes (slots 0 .. inputs-1; buffers follow);
   // buffers: (shape, dtype name) each; zeroed: buffer slots zeroed by each run;
-  // launches: (address of <name>_run_packed, argument words, (position, slot) pairs), in launch order.
+  // launches: (address of <name>_run_packed, argument words, (position, slot) pairs), in launch order;
+  // shared: per buffer, the allocation it shares with the buffers of the same number (-1, or none: its own).
   Plan(int64_t inputs, const std::vector<std::pair<std::vector<int64_t>, std::string>>& buffers,
        std::vector<int64_t> zeroed,
        const std::vector<std::tuple<uint64_t, std::vector<uint64_t>, std::vector<std::pair<int64_t, int64_t>>>>&
-           launches)
+           launches,
+       const std::vector<int64_t>& shared)
       : inputs_(inputs), zeroed_(std::move(zeroed)) {
     const int64_t slots = inputs + static_cast<int64_t>(buffers.size());
     for (const auto& [shape, dtype] : buffers) buffers_.emplace_back(shape, dtype_named(dtype));
+    TORCH_CHECK(shared.empty() || shared.size() == buffers.size(), "fp4gen launcher: ", shared.size(),
+                " allocation numbers for ", buffers.size(), " buffers");
+    for (size_t i = 0; i < shared.size(); ++i) {
+      const int64_t group = shared[i];
+      TORCH_CHECK(group >= -1 && group < static_cast<int64_t>(buffers.size()),
+                  "fp4gen launcher: allocation number ", group, " out of range");
+      if (group < 0) {
+        placement_.push_back({-1, 0});
+        continue;
+      }
+      if (group >= static_cast<int64_t>(shared_bytes_.size())) shared_bytes_.resize(group + 1, 0);
+      const auto& [shape, dtype] = buffers_[i];
+      int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
+      for (int64_t extent : shape) bytes *= extent;
+      placement_.push_back({group, shared_bytes_[group]});
+      shared_bytes_[group] += (bytes + kShareAlignment - 1) / kShareAlignment * kShareAlignment;
+    }
     for (int64_t slot : zeroed_)
       TORCH_CHECK(slot >= inputs && slot < slots, "fp4gen launcher: zeroed slot ", slot, " is not a buffer");
     for (const auto& [address, words, fills] : launches) {
@@ -83,10 +106,29 @@ class Plan {
                                         : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
     c10::OptionalDeviceGuard guard;
     if (device >= 0) guard.reset_device(where);
+    std::vector<at::Tensor> shared;
+    for (int64_t bytes : shared_bytes_)
+      shared.push_back(at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(where)));
+    // the backend's dispatch key, as at::empty gives its tensors (the tensor's constructor adds autograd's)
+    const c10::DispatchKeySet backend(at::TensorOptions().device(where).computeDispatchKey());
     std::vector<at::Tensor> buffers;
     buffers.reserve(buffers_.size());
-    for (const auto& [shape, dtype] : buffers_)
-      buffers.push_back(at::empty(shape, at::TensorOptions().dtype(dtype).device(where)));
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      const auto& [shape, dtype] = buffers_[i];
+      if (i < placement_.size() && placement_[i].first >= 0) {
+        // A tensor over the shared allocation's storage at its offset, made as at::empty makes one (the view
+        // operations narrow, view(dtype), view(shape) would cost more host time than the allocations saved)
+        const auto [group, offset] = placement_[i];
+        const at::Tensor& block = shared[group];
+        at::Tensor tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(block.storage()), backend,
+                                                                     c10::scalarTypeToTypeMeta(dtype));
+        tensor.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+        tensor.unsafeGetTensorImpl()->set_storage_offset(offset / static_cast<int64_t>(c10::elementSize(dtype)));
+        buffers.push_back(std::move(tensor));
+      } else {
+        buffers.push_back(at::empty(shape, at::TensorOptions().dtype(dtype).device(where)));
+      }
+    }
     for (int64_t slot : zeroed_) buffers[slot - inputs_].zero_();
     if (launches_.empty()) return {std::move(buffers), -1, 0};
     std::vector<uint64_t> pointers;
@@ -117,6 +159,8 @@ class Plan {
   std::vector<std::pair<std::vector<int64_t>, c10::ScalarType>> buffers_;
   std::vector<int64_t> zeroed_;
   std::vector<Launch> launches_;
+  std::vector<std::pair<int64_t, int64_t>> placement_;  // per buffer: (shared allocation or -1, byte offset in it)
+  std::vector<int64_t> shared_bytes_;                    // the size of each shared allocation
 };
 
 // Why a launch failed, as fp4gen.cuda.library.Kernel.raise_for says it: statuses below 1000 are the kernel's
@@ -262,8 +306,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<int64_t, const std::vector<std::pair<std::vector<int64_t>, std::string>>&,
                           std::vector<int64_t>,
                           const std::vector<std::tuple<uint64_t, std::vector<uint64_t>,
-                                                       std::vector<std::pair<int64_t, int64_t>>>>&>(),
-           pybind11::arg("inputs"), pybind11::arg("buffers"), pybind11::arg("zeroed"), pybind11::arg("launches"))
+                                                       std::vector<std::pair<int64_t, int64_t>>>>&,
+                          const std::vector<int64_t>&>(),
+           pybind11::arg("inputs"), pybind11::arg("buffers"), pybind11::arg("zeroed"), pybind11::arg("launches"),
+           pybind11::arg("shared") = std::vector<int64_t>())
       .def("run", &Plan::run, pybind11::arg("inputs"), pybind11::arg("device"), pybind11::arg("stream"));
   pybind11::class_<LinearStep, std::shared_ptr<LinearStep>>(m, "LinearStep")
       .def(pybind11::init([](std::shared_ptr<Plan> forward, std::vector<std::string> forward_kernels, int64_t y,

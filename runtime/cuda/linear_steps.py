@@ -99,6 +99,7 @@ def _build_forward(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max)
     step = ForwardStep()
     step.plan, step.y = plan, g[gemm.inputs]  # D: the GEMM's first buffer
     step.x_col = tuple(q[slot] for slot in col) if col is not None else None
+    _share(plan, [step.y], step.x_col)
     return step
 
 
@@ -202,7 +203,17 @@ def _build_backward(dy, w_col, x_col, main_grad, recipe, needs_x_grad, need_wgra
                                 Slot(8) if main_grad is not None else None])
         step.dw = g[gemm.inputs] if main_grad is None else None
     step.plan = plan
+    _share(plan, [step.dx, step.dw, step.sums])
     return step
+
+
+def _share(plan: LaunchPlan, outputs: list, together=None) -> None:
+    """One allocation for the step's scratch (every buffer but its outputs: X's or dY's copies the GEMMs read, their
+    workspaces), one for `together` (X's columnwise copy, saved for backward), and one for each other output."""
+    kept = set(outputs) | set(together or ())
+    plan.share(*(slot for slot in range(plan.inputs, plan.inputs + len(plan.buffers)) if slot not in kept))
+    if together:
+        plan.share(*together)
 
 
 # forgotten with the plans they are made of (ops.clear_plans, ops.row_pass_limits)
