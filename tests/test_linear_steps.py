@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 import fp4gen
 from fp4gen import reference
@@ -379,13 +380,15 @@ LAYER_CASES = [
     dict(dtype=torch.bfloat16, frozen=True),
     dict(dtype=torch.float32),
     dict(inference=True),
+    dict(checkpoint=True, recipe=fp4gen.Recipe(stochastic_rounding=True)),
 ]
 
 
 def linear_steps_outputs(case: dict, device: str, steps: int) -> list:
     """Every output of `steps` eager training steps (or inference forwards) of a fresh 64 -> 48 fp4gen.nn.Linear
-    made as `case` says (bias, recipe, main_grad, frozen, inference, dtype), on fixed random data: outputs, input
-    and parameter gradients, the main grad, and the default random state at the end."""
+    made as `case` says (bias, recipe, main_grad, frozen, inference, dtype, checkpoint: the layer under
+    torch.utils.checkpoint, which drops what the forward saves and runs it again in backward), on fixed random
+    data: outputs, input and parameter gradients, the main grad, and the default random state at the end."""
     dtype = case.get("dtype", torch.bfloat16 if device == "cuda" else torch.float32)
     torch.manual_seed(3)
     layer = fp4gen.nn.Linear(64, 48, bias=case.get("bias", True), device=device, dtype=dtype,
@@ -402,7 +405,7 @@ def linear_steps_outputs(case: dict, device: str, steps: int) -> list:
             with torch.no_grad():
                 outputs.append(layer(x))
             continue
-        y = layer(x)
+        y = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False) if case.get("checkpoint") else layer(x)
         y.backward(torch.randn_like(y))
         outputs += [y, x.grad] + [p.grad.clone() for p in layer.parameters() if p.grad is not None]
         if case.get("main_grad"):
