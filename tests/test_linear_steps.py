@@ -385,10 +385,11 @@ LAYER_CASES = [
 
 
 def linear_steps_outputs(case: dict, device: str, steps: int) -> list:
-    """Every output of `steps` eager training steps (or inference forwards) of a fresh 64 -> 48 fp4gen.nn.Linear
-    made as `case` says (bias, recipe, main_grad, frozen, inference, dtype, checkpoint: the layer under
-    torch.utils.checkpoint, which drops what the forward saves and runs it again in backward), on fixed random
-    data: outputs, input and parameter gradients, the main grad, and the default random state at the end."""
+    """Every output of `steps` eager training steps, each followed by an SGD step (or of inference forwards), of a
+    fresh 64 -> 48 fp4gen.nn.Linear made as `case` says (bias, recipe, main_grad, frozen, inference, dtype,
+    checkpoint: the layer under torch.utils.checkpoint, which drops what the forward saves and runs it again in
+    backward), on fixed random data: outputs, input and parameter gradients, the main grad, and the default random
+    state at the end."""
     dtype = case.get("dtype", torch.bfloat16 if device == "cuda" else torch.float32)
     torch.manual_seed(3)
     layer = fp4gen.nn.Linear(64, 48, bias=case.get("bias", True), device=device, dtype=dtype,
@@ -398,6 +399,7 @@ def linear_steps_outputs(case: dict, device: str, steps: int) -> list:
         layer.weight.main_grad = torch.zeros(48, 64, device=device)
     rng = fp4gen.RNGState.default(layer.weight.device)
     rng.reset(5)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)  # new weights each step: their quantization is redone
     outputs = []
     for _ in range(steps):
         x = torch.randn(32, 64, device=device, dtype=dtype, requires_grad=not case.get("inference", False))
@@ -410,6 +412,7 @@ def linear_steps_outputs(case: dict, device: str, steps: int) -> list:
         outputs += [y, x.grad] + [p.grad.clone() for p in layer.parameters() if p.grad is not None]
         if case.get("main_grad"):
             outputs.append(layer.weight.main_grad.clone())
+        optimizer.step()
     return outputs + [rng.tensor.clone()]  # advanced alike
 
 
