@@ -319,7 +319,7 @@ class Linear(torch.nn.Linear):
             raise ValueError(f"the input flattens to {tokens} tokens; training needs a multiple of {BLOCK} "
                              f"(wgrad contracts over tokens in NVFP4 blocks)")
         ops = torch_ops.for_caller()
-        in_graph = ops is not torch_ops.EAGER or (x2d.is_cuda and torch.cuda.is_current_stream_capturing())
+        in_graph = traced_or_captured(x2d)
         qw_row, qw_col = self._quantized_weight(ops, weight, in_graph)
         epilogue_bias = self._epilogue_bias(bias, GEMM_OUT[x2d.dtype], in_graph)
         if not grad:  # inference: no graph to record, nothing to save for backward
