@@ -97,7 +97,14 @@ def launches(monkeypatch):
     monkeypatch.setattr(ops, "_launch", lambda kernel, device, *args: kernel._run(kernel.pack(args)))
     monkeypatch.setattr(linear_steps, "_FORWARD", {})
     monkeypatch.setattr(linear_steps, "_TRAINING", {})
+    monkeypatch.setattr(linear_steps, "_SEEN", {})
     return state
+
+
+def _second_call(make):
+    """What make() returns at the second call of its kind, when steps are built (the first call returns None)."""
+    assert make() is None
+    return make()
 
 
 def _operand(rows, cols, amaxes):
@@ -107,7 +114,7 @@ def _operand(rows, cols, amaxes):
 
 def test_the_forward_step_feeds_the_quantized_x_and_the_weight_to_the_gemm(launches):
     x, w_row, bias = torch.randn(32, 64), _operand(48, 64, 1), torch.zeros(48)
-    step = linear_steps.forward_step(x, w_row, fp4gen.Recipe(), True, bias, 448.0, 448.0)
+    step = _second_call(lambda: linear_steps.forward_step(x, w_row, fp4gen.Recipe(), True, bias, 448.0, 448.0))
     y, x_col = step.run(x, w_row, bias)
     (quantize, q), (gemm, g) = launches.calls
     assert (quantize, gemm) == ("quantize", "gemm")
@@ -128,14 +135,17 @@ def test_the_forward_step_feeds_the_quantized_x_and_the_weight_to_the_gemm(launc
 
 def test_a_forward_without_wgrad_or_bias_makes_no_columnwise_copy_and_passes_a_null_bias(launches):
     x, w_row = torch.randn(32, 64), _operand(48, 64, 1)
-    y, x_col = linear_steps.forward_step(x, w_row, fp4gen.Recipe(), False, None, 448.0, 448.0).run(x, w_row, None)
+    step = _second_call(lambda: linear_steps.forward_step(x, w_row, fp4gen.Recipe(), False, None, 448.0, 448.0))
+    y, x_col = step.run(x, w_row, None)
     (_, q), (_, g) = launches.calls
     assert x_col is None and q[5:8] == [0, 0, 0]
     assert g[BIAS] == 0 and g[D] == y.data_ptr()
 
 
-def _training(recipe=None, needs_x_grad=True, need_wgrad=True, bias=True, main_grad=False, dtype=torch.float32):
-    """A 64 -> 48 layer's training-step inputs on 32 tokens and its LinearStep (through the fixture's kernels)."""
+def _training(recipe=None, needs_x_grad=True, need_wgrad=True, bias=True, main_grad=False, dtype=torch.float32,
+              calls=2):
+    """A 64 -> 48 layer's training-step inputs on 32 tokens and its LinearStep (through the fixture's kernels),
+    as training_step returns it at the `calls`-th call of the kind."""
     recipe = recipe or fp4gen.Recipe()
     x = torch.randn(32, 64, dtype=dtype, requires_grad=needs_x_grad)
     weight = torch.nn.Parameter(torch.randn(48, 64, dtype=dtype), requires_grad=need_wgrad)
@@ -143,8 +153,9 @@ def _training(recipe=None, needs_x_grad=True, need_wgrad=True, bias=True, main_g
     w_row, w_col = _operand(48, 64, 1), _operand(64, 48, 1)
     epilogue_bias = bias.detach().float() if bias is not None else None
     main_grad = torch.zeros(48, 64) if main_grad else None
-    step = linear_steps.training_step(x, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
-                                      bias.dtype if bias is not None else None, main_grad, dtype, 448.0, 448.0)
+    for _ in range(calls):
+        step = linear_steps.training_step(x, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
+                                          bias.dtype if bias is not None else None, main_grad, dtype, 448.0, 448.0)
     rng = torch.tensor([7, 10]) if recipe.stochastic_rounding else None
     return SimpleNamespace(step=step, x=x, weight=weight, bias=bias, w_row=w_row, w_col=w_col, main_grad=main_grad,
                            epilogue_bias=epilogue_bias, rng=rng,
@@ -243,19 +254,29 @@ def test_a_failed_launch_of_a_training_step_raises_the_kernels_error_in_either_d
         t.run()
 
 
-def test_a_step_waits_for_final_gemm_choices_and_remembers_one_no_plan_can_express(launches):
+def test_a_step_is_built_at_the_second_call_of_its_kind_once_its_gemm_choices_are_final(launches, monkeypatch):
+    built = []
+    for name in ("_build_forward", "_build_training"):
+        monkeypatch.setattr(linear_steps, name, lambda *args, _build=getattr(linear_steps, name), _name=name:
+                            built.append(_name) or _build(*args))
     x, w_row = torch.randn(32, 64), _operand(48, 64, 1)
+
+    def forward():
+        return linear_steps.forward_step(x, w_row, fp4gen.Recipe(), True, None, 448.0, 448.0)
     launches.pending, launches.expressible = True, False
-    assert linear_steps.forward_step(x, w_row, fp4gen.Recipe(), True, None, 448.0, 448.0) is None
-    assert _training().step is None
-    assert linear_steps._FORWARD == {} and linear_steps._TRAINING == {}  # not remembered: a later step tries again
+    assert forward() is None and _training(calls=1).step is None and built == []  # a kind's first call: no build
+    assert forward() is None and _training(calls=1).step is None
+    # (a training step's build makes its forward's first)
+    assert built == ["_build_forward", "_build_training", "_build_forward"]  # GEMM choices pending: not remembered
+    assert linear_steps._FORWARD == {} and linear_steps._TRAINING == {}
     launches.pending = False
-    assert linear_steps.forward_step(x, w_row, fp4gen.Recipe(), True, None, 448.0, 448.0) is None
-    assert _training().step is None
-    assert list(linear_steps._FORWARD.values()) == [None]  # remembered: the separate calls from now on
-    assert list(linear_steps._TRAINING.values()) == [None]
+    built.clear()
+    assert forward() is None and _training(calls=1).step is None
+    assert built == ["_build_forward", "_build_training", "_build_forward"]  # final, no plan: remembered
+    assert list(linear_steps._FORWARD.values()) == [None] and list(linear_steps._TRAINING.values()) == [None]
     launches.expressible = True
-    assert linear_steps.forward_step(x, w_row, fp4gen.Recipe(), True, None, 448.0, 448.0) is None
+    built.clear()
+    assert forward() is None and _training(calls=1).step is None and built == []  # the separate calls from now on
 
 
 def _at(address: int, shape, dtype: torch.dtype) -> torch.Tensor:

@@ -8,10 +8,11 @@ operand containers around the launches. Two kinds of step:
 - the launcher's LinearStep (training_step): the forward's plan and the backward's (BackwardStep), which the
   launcher's C++ autograd function runs, the backward's from its node in autograd's graph, so no Python runs
   between autograd and the launches.
-A step is made at the first call of each kind (shapes, dtypes, alignment, recipe) whose GEMM choices are final,
-and kept. A call that a step cannot express gets None here and takes the separate calls: a GEMM whose call needs
-tensors made per call (see ops.gemm_plan_of_operands) never has a step; one whose kernel choice is not final yet
-(the autotuner has not measured its shape class: the separate calls do that) gets one at a later call.
+A step is made at the second call of each kind (shapes, dtypes, alignment, recipe), once the first call's separate
+calls have made its GEMM choices final, and kept. A call that a step cannot express gets None here and takes the
+separate calls: a GEMM whose call needs tensors made per call (see ops.gemm_plan_of_operands) never has a step;
+one whose kernel choice is not final yet (the autotuner has not measured its shape class: the separate calls do
+that) gets one at a later call.
 """
 from __future__ import annotations
 
@@ -25,6 +26,26 @@ from .launch_plan import LaunchPlan, Slot, remember
 
 _FORWARD = {}  # forward_step's key -> ForwardStep, or None where no plan can express the step
 _TRAINING = {}  # training_step's key -> the launcher's LinearStep, or None
+_SEEN = {}  # ("forward" or "training", key) of calls that came once and have no step yet
+
+
+def _kept(steps: dict, kind: str, key, build):
+    """steps[key], built by build() at the second call of its kind: a kind that comes once (a token count that
+    never repeats) costs no build. None when no step expresses the call (remembered), or when build() raises
+    _NotYet (tried again at the next call)."""
+    try:
+        return steps[key]
+    except KeyError:
+        pass
+    if _SEEN.pop((kind, key), None) is None:
+        remember(_SEEN, (kind, key), True)
+        return None
+    try:
+        step = build()
+    except _NotYet:
+        remember(_SEEN, (kind, key), True)
+        return None
+    return remember(steps, key, step)
 
 
 def _stand_in(plan: LaunchPlan, slots, device) -> tuple:
@@ -59,15 +80,8 @@ def forward_step(x2d: torch.Tensor, w_row: tuple, recipe, need_wgrad: bool, bias
     """The ForwardStep of this kind of call, or None (then the caller makes the separate calls)."""
     key = (x2d.device.index, x2d.dtype, *x2d.shape, x2d.stride(0), x2d.data_ptr() % 16, tuple(w_row[0].shape),
            w_row[2].shape[0], _alignment(*w_row, bias), need_wgrad, recipe)
-    try:
-        return _FORWARD[key]
-    except KeyError:
-        pass
-    try:
-        step = _build_forward(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max)
-    except _NotYet:
-        return None
-    return remember(_FORWARD, key, step)
+    return _kept(_FORWARD, "forward", key,
+                 lambda: _build_forward(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max))
 
 
 class _NotYet(Exception):
@@ -119,16 +133,9 @@ def training_step(x2d: torch.Tensor, w_row: tuple, w_col: tuple, recipe, needs_x
            w_row[2].shape[0], _alignment(*w_row, *w_col, epilogue_bias, main_grad),
            main_grad.stride() if main_grad is not None else None, needs_x_grad, need_wgrad, bias_dtype, w_dtype,
            recipe)
-    try:
-        return _TRAINING[key]
-    except KeyError:
-        pass
-    try:
-        step = _build_training(x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias, bias_dtype,
-                               main_grad, w_dtype, x_e4m3_max, w_e4m3_max)
-    except _NotYet:
-        return None
-    return remember(_TRAINING, key, step)
+    return _kept(_TRAINING, "training", key,
+                 lambda: _build_training(x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
+                                         bias_dtype, main_grad, w_dtype, x_e4m3_max, w_e4m3_max))
 
 
 def run_training_step(step, x2d: torch.Tensor, weight: torch.Tensor, bias, w_row: tuple, w_col: tuple,
@@ -217,4 +224,4 @@ def _share(plan: LaunchPlan, outputs: list, together=None) -> None:
 
 
 # forgotten with the plans they are made of (ops.clear_plans, ops.row_pass_limits)
-ops.DEPENDENT_PLANS += [_FORWARD, _TRAINING]
+ops.DEPENDENT_PLANS += [_FORWARD, _TRAINING, _SEEN]
