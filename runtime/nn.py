@@ -310,8 +310,9 @@ class Linear(torch.nn.Linear):
             raise ValueError(f"input has {x.shape[-1]} features in its last dimension; this layer takes "
                              f"in_features={self.in_features}")
         weight, bias, recipe = self.weight, self.bias, self.recipe  # each a module attribute lookup: fetched once
-        flat = x.dim() == 2  # [tokens, in_features] already: no view, and no view node for autograd to walk back
-        x2d = _as(x if flat else x.reshape(-1, self.in_features), self._compute_dtype(x, weight))  # autocast's cast
+        x = _as(x, self._compute_dtype(x, weight))  # autocast's cast, differentiable
+        # [tokens, in_features]: what the quantization and the GEMMs see (a 2-D x is used as it is: no view)
+        x2d = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         tokens = x2d.shape[0]
         grad = torch.is_grad_enabled()
         need_wgrad = grad and weight.requires_grad
@@ -324,21 +325,26 @@ class Linear(torch.nn.Linear):
         epilogue_bias = self._epilogue_bias(bias, GEMM_OUT[x2d.dtype], in_graph)
         if not grad:  # inference: no graph to record, nothing to save for backward
             y = _fprop(ops, x2d, qw_row, recipe, False, epilogue_bias)[0]
-            return y if flat else y.reshape(*x.shape[:-1], self.out_features)
+            return y if y.dim() == x.dim() else y.reshape(*x.shape[:-1], self.out_features)
         main_grad = main_grad_of(weight) if self.accumulate_main_grad else None
         # stochastic rounding of dY draws from the device's default state, advanced by each backward
         rng_state = RNGState.default(x2d.device).tensor if recipe.stochastic_rounding else None
-        y = self._training_step(ops, x2d, weight, bias, qw_row, qw_col, need_wgrad, epilogue_bias, main_grad,
-                                rng_state)
+        # the step takes x itself where its rows are contiguous, and gives Y shaped [..., out_features]: no views
+        # between x and Y, whose nodes autograd would walk back
+        step_x = x if x2d is x or x.is_contiguous() else x2d
+        y = self._training_step(ops, x2d, step_x, weight, bias, qw_row, qw_col, need_wgrad, epilogue_bias,
+                                main_grad, rng_state)
         if y is None:
             y = _NVFP4LinearFunction.apply(x2d, weight, bias, qw_row, qw_col, recipe, main_grad, need_wgrad,
                                            rng_state if rng_state is not None else _no_rng(x2d), epilogue_bias)
-        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
+        return y if y.dim() == x.dim() else y.reshape(*x.shape[:-1], self.out_features)
 
-    def _training_step(self, ops, x2d, weight, bias, qw_row, qw_col, need_wgrad, epilogue_bias, main_grad,
+    def _training_step(self, ops, x2d, step_x, weight, bias, qw_row, qw_col, need_wgrad, epilogue_bias, main_grad,
                        rng_state):
         """Y from the C++ launcher's LinearStep, which records its own backward node, where one expresses this
-        step (fp4gen.cuda.linear_steps: the same kernels as _NVFP4LinearFunction's separate calls); else None."""
+        step (fp4gen.cuda.linear_steps: the same kernels as _NVFP4LinearFunction's separate calls); else None.
+        x2d: the input as [tokens, in_features], which the step is chosen by; step_x: the tensor the step takes (x2d,
+        or the input itself with the same memory, for which the step returns Y shaped as it)."""
         needs_x_grad = x2d.requires_grad
         if not (needs_x_grad or need_wgrad) or weight.dtype not in _STEP_DTYPES:
             return None
@@ -352,7 +358,8 @@ class Linear(torch.nn.Linear):
                                    e4m3_max_of(recipe.weight_four_over_six))
         if step is None:
             return None
-        return steps.run_training_step(step, x2d, weight, bias, qw_row, qw_col, epilogue_bias, main_grad, rng_state)
+        return steps.run_training_step(step, step_x, weight, bias, qw_row, qw_col, epilogue_bias, main_grad,
+                                       rng_state)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe}"

@@ -410,6 +410,9 @@ LAYER_CASES = [
     dict(dtype=torch.float32),
     dict(inference=True),
     dict(checkpoint=True, recipe=fp4gen.Recipe(stochastic_rounding=True)),
+    dict(input_shape=(2, 16, 64)),  # the step takes the 3-D input itself and returns Y and dX shaped as it
+    dict(input_shape=(16, 2, 64), transposed=True),  # a 3-D input whose rows are not contiguous: a copy steps
+    dict(input_shape=(2, 16, 64), inference=True),
 ]
 
 
@@ -417,7 +420,8 @@ def linear_steps_outputs(case: dict, device: str, steps: int) -> list:
     """Every output of `steps` eager training steps, each followed by an SGD step (or of inference forwards), of a
     fresh 64 -> 48 fp4gen.nn.Linear made as `case` says (bias, recipe, main_grad, frozen, inference, dtype,
     checkpoint: the layer under torch.utils.checkpoint, which drops what the forward saves and runs it again in
-    backward), on fixed random data: outputs, input and parameter gradients, the main grad, and the default random
+    backward; input_shape, default (32, 64), and transposed: the input is that tensor with its first two dimensions
+    swapped), on fixed random data: outputs, input and parameter gradients, the main grad, and the default random
     state at the end."""
     dtype = case.get("dtype", torch.bfloat16 if device == "cuda" else torch.float32)
     torch.manual_seed(3)
@@ -431,12 +435,15 @@ def linear_steps_outputs(case: dict, device: str, steps: int) -> list:
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)  # new weights each step: their quantization is redone
     outputs = []
     for _ in range(steps):
-        x = torch.randn(32, 64, device=device, dtype=dtype, requires_grad=not case.get("inference", False))
+        x = torch.randn(*case.get("input_shape", (32, 64)), device=device, dtype=dtype,
+                        requires_grad=not case.get("inference", False))
+        x_in = x.transpose(0, 1) if case.get("transposed") else x
         if case.get("inference"):
             with torch.no_grad():
-                outputs.append(layer(x))
+                outputs.append(layer(x_in))
             continue
-        y = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False) if case.get("checkpoint") else layer(x)
+        checkpoint = case.get("checkpoint")
+        y = torch.utils.checkpoint.checkpoint(layer, x_in, use_reentrant=False) if checkpoint else layer(x_in)
         y.backward(torch.randn_like(y))
         outputs += [y, x.grad] + [p.grad.clone() for p in layer.parameters() if p.grad is not None]
         if case.get("main_grad"):
@@ -453,6 +460,9 @@ def test_linear_uses_a_steps_outputs_as_it_uses_its_separate_calls(monkeypatch, 
     monkeypatch.setattr(nn, "_step_plans", lambda ops, t: steps)
     stepped = linear_steps_outputs(case, "cpu", 2)
     assert "forward" in steps.ran and ("backward" in steps.ran or case.get("inference"))
+    if "input_shape" in case and not (case.get("transposed") or case.get("inference")):
+        # Y of a 3-D input comes from the step's own node, with no view node between it and the input
+        assert "LinearFunction" in stepped[0].grad_fn.name(), stepped[0].grad_fn.name()
     assert len(stepped) == len(separate)
     for ours, theirs in zip(stepped, separate):
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)

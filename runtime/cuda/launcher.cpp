@@ -235,9 +235,18 @@ std::optional<at::Tensor> optional_of(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
+// Gives `t`, a buffer that this call just made and shares with no one, the contiguous shape `sizes` of as many
+// elements: the step's [tokens, features] buffers as the caller's [..., features] tensors, without a view (an
+// output view would add a view node for autograd to walk back, and forbid in-place use of Y).
+at::Tensor reshaped_buffer(at::Tensor t, at::IntArrayRef sizes) {
+  if (t.sizes() != sizes) t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return t;
+}
+
 // Y = X Wᵀ (+ bias) with X quantized on the way; backward: dY quantized, then dX = dY W and dW = dYᵀ X (or dW
-// accumulated into main_grad inside the GEMM), with db. operands: W rowwise (3), W columnwise (3), the epilogue's
-// fp32 bias, main_grad, the random state (each may be None where the step has no use for it).
+// accumulated into main_grad inside the GEMM), with db. x is [..., K] with contiguous rows of K, as the step's
+// [tokens, K]; Y is [..., N] and dX is shaped as x. operands: W rowwise (3), W columnwise (3), the epilogue's fp32
+// bias, main_grad, the random state (each may be None where the step has no use for it).
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, const std::shared_ptr<const LinearStep>& step,
@@ -255,7 +264,11 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     ctx->saved_data["main_grad"] = operands[7];
     ctx->saved_data["rng_state"] = operands[8];
     ctx->saved_data["device"] = device;
-    return buffer(buffers, plan, step->y);
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    at::Tensor y = buffer(buffers, plan, step->y);
+    std::vector<int64_t> y_sizes = x.sizes().vec();
+    y_sizes.back() = y.size(1);
+    return reshaped_buffer(std::move(y), y_sizes);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -279,9 +292,12 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     if (step.rng_advance) rng_state->slice(0, 1).add_(step.rng_advance);  // as RNGState.advance, after the draws
     at::Tensor db;
     if (step.bias_grad == 1) db = as_dtype(buffer(buffers, plan, step.sums), step.bias_dtype);
-    if (step.bias_grad == 2) db = as_dtype(dy.sum({0}, false, at::kFloat), step.bias_dtype);  // rounded once
-    return {buffer(buffers, plan, step.dx), buffer(buffers, plan, step.dw), db, at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    if (step.bias_grad == 2) {  // dY summed over its tokens in fp32, rounded once
+      db = as_dtype(dy.view({-1, dy.size(-1)}).sum({0}, false, at::kFloat), step.bias_dtype);
+    }
+    at::Tensor dx = buffer(buffers, plan, step.dx);
+    if (dx.defined()) dx = reshaped_buffer(std::move(dx), ctx->saved_data["x_sizes"].toIntVector());
+    return {dx, buffer(buffers, plan, step.dw), db, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

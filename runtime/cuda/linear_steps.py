@@ -138,12 +138,13 @@ def training_step(x2d: torch.Tensor, w_row: tuple, w_col: tuple, recipe, needs_x
                                          bias_dtype, main_grad, w_dtype, x_e4m3_max, w_e4m3_max))
 
 
-def run_training_step(step, x2d: torch.Tensor, weight: torch.Tensor, bias, w_row: tuple, w_col: tuple,
+def run_training_step(step, x: torch.Tensor, weight: torch.Tensor, bias, w_row: tuple, w_col: tuple,
                       epilogue_bias, main_grad, rng_state) -> torch.Tensor:
-    """Y of the step, with autograd's node for its backward recorded when x2d, weight or bias requires grad. rng_state:
-    the random state's tensor with stochastic rounding, else None."""
-    device = x2d.device.index if x2d.is_cuda else -1  # -1: plans of host functions (the CPU tests')
-    return launcher.module().linear_step(step, x2d, weight, bias, [*w_row, *w_col, epilogue_bias, main_grad, rng_state],
+    """Y [..., N] of the step for x [..., K] (the [tokens, K] the step was made for, in any contiguous shape of the
+    same memory), with autograd's node for its backward recorded when x, weight or bias requires grad (dX comes back
+    shaped as x). rng_state: the random state's tensor with stochastic rounding, else None."""
+    device = x.device.index if x.is_cuda else -1  # -1: plans of host functions (the CPU tests')
+    return launcher.module().linear_step(step, x, weight, bias, [*w_row, *w_col, epilogue_bias, main_grad, rng_state],
                                          device)
 
 
