@@ -89,16 +89,17 @@ def _step_plans(ops, t: torch.Tensor):
 _STEP_DTYPES = (torch.bfloat16, torch.float32)  # GEMM_OUT keeps them: the GEMMs write the layer's dtype
 
 
-def _fprop(ops, x2d, w_row, recipe, need_wgrad, epilogue_bias) -> tuple:
+def _fprop(ops, x2d, w_row, recipe, need_wgrad, epilogue_bias, ask_for_step: bool = True) -> tuple:
     """(Y = X Wᵀ (+ the bias, in the epilogue) in x2d's dtype, X's quantize outputs, X's and W's e4m3_max).
-    X's columnwise copy (for wgrad) is made only with need_wgrad."""
+    X's columnwise copy (for wgrad) is made only with need_wgrad. ask_for_step=False: the separate calls, without
+    asking linear_steps for a ForwardStep."""
     # X's columnwise copy comes from the same quantize call as its rowwise copy; with hadamard_wgrad that copy
     # is quantized from the RHT of X along the tokens, like dY's in backward
     x_hadamard = recipe.hadamard_wgrad and need_wgrad
     x_four_over_six = recipe.activation_four_over_six
     x_e4m3_max = e4m3_max_of(x_four_over_six)
     w_e4m3_max = e4m3_max_of(recipe.weight_four_over_six)
-    steps = _step_plans(ops, x2d)
+    steps = _step_plans(ops, x2d) if ask_for_step else None
     step = steps and steps.forward_step(x2d, w_row, recipe, need_wgrad, epilogue_bias, x_e4m3_max, w_e4m3_max)
     if step:  # the same kernels as the calls below, from one launch plan
         y, x_col = step.run(x2d, w_row, epilogue_bias)
@@ -323,21 +324,34 @@ class Linear(torch.nn.Linear):
         in_graph = traced_or_captured(x2d)
         qw_row, qw_col = self._quantized_weight(ops, weight, in_graph)
         epilogue_bias = self._epilogue_bias(bias, GEMM_OUT[x2d.dtype], in_graph)
+        # a step takes x itself where its rows are contiguous, and gives Y shaped [..., out_features]: no views
+        # between x and Y, whose nodes autograd would walk back
+        step_x = x if x2d is x or x.is_contiguous() else x2d
         if not grad:  # inference: no graph to record, nothing to save for backward
-            y = _fprop(ops, x2d, qw_row, recipe, False, epilogue_bias)[0]
+            y = self._forward_step(ops, x2d, step_x, qw_row, epilogue_bias)
+            if y is None:  # the separate calls (_forward_step asked for the step already)
+                y = _fprop(ops, x2d, qw_row, recipe, False, epilogue_bias, ask_for_step=False)[0]
             return y if y.dim() == x.dim() else y.reshape(*x.shape[:-1], self.out_features)
         main_grad = main_grad_of(weight) if self.accumulate_main_grad else None
         # stochastic rounding of dY draws from the device's default state, advanced by each backward
         rng_state = RNGState.default(x2d.device).tensor if recipe.stochastic_rounding else None
-        # the step takes x itself where its rows are contiguous, and gives Y shaped [..., out_features]: no views
-        # between x and Y, whose nodes autograd would walk back
-        step_x = x if x2d is x or x.is_contiguous() else x2d
         y = self._training_step(ops, x2d, step_x, weight, bias, qw_row, qw_col, need_wgrad, epilogue_bias,
                                 main_grad, rng_state)
         if y is None:
             y = _NVFP4LinearFunction.apply(x2d, weight, bias, qw_row, qw_col, recipe, main_grad, need_wgrad,
                                            rng_state if rng_state is not None else _no_rng(x2d), epilogue_bias)
         return y if y.dim() == x.dim() else y.reshape(*x.shape[:-1], self.out_features)
+
+    def _forward_step(self, ops, x2d, step_x, qw_row, epilogue_bias):
+        """Y of a forward without autograd from a linear_steps.ForwardStep in one call into the C++ launcher,
+        shaped as step_x (see _training_step), where a step expresses it; else None."""
+        steps = _step_plans(ops, x2d)
+        if steps is None:
+            return None
+        recipe = self.recipe
+        step = steps.forward_step(x2d, qw_row, recipe, False, epilogue_bias,
+                                  e4m3_max_of(recipe.activation_four_over_six), e4m3_max_of(recipe.weight_four_over_six))
+        return None if step is None else steps.run_forward_step(step, step_x, qw_row, epilogue_bias)
 
     def _training_step(self, ops, x2d, step_x, weight, bias, qw_row, qw_col, need_wgrad, epilogue_bias, main_grad,
                        rng_state):

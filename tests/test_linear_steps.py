@@ -311,6 +311,7 @@ class ReferenceSteps:
     buffers in place."""
 
     run_training_step = staticmethod(linear_steps.run_training_step)
+    run_forward_step = staticmethod(linear_steps.run_forward_step)
 
     def __init__(self):
         self.ran, self.calls = [], []
@@ -321,17 +322,27 @@ class ReferenceSteps:
         return self.kernels[-1]
 
     def forward_step(self, x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max):
+        """A ForwardStep: its plan for the launcher (run_forward_step), and run() for _fprop, which computes the
+        same with the reference backend in Python."""
         steps = self
+        step = linear_steps.ForwardStep()
+        step.plan, step.y, step.x_col, _ = self._forward_plan(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max,
+                                                              w_e4m3_max)
+        step.native, step.kernels = step.plan._make_native(), ["reference forward"]
 
         class Step:
+            def __getattr__(self, name):
+                return getattr(step, name)
+
             def run(self, x2d, w_row, bias):
                 steps.ran.append("forward")
                 y, col = _reference_forward(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max)
                 return y, (_triple(col) if col is not None else None)
         return Step()
 
-    def training_step(self, x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias, bias_dtype,
-                      main_grad, w_dtype, x_e4m3_max, w_e4m3_max):
+    def _forward_plan(self, x2d, w_row, recipe, need_wgrad, epilogue_bias, x_e4m3_max, w_e4m3_max):
+        """The forward's plan, Y's slot, X's columnwise slots ([] without wgrad) and the layouts of Y and X's
+        columnwise copy: a host function that computes the forward with the reference backend."""
         (m, k), n = x2d.shape, w_row[0].shape[0]
         # the buffers' layouts, from one reference call on stand-in values
         y, col = _reference_forward(torch.zeros_like(x2d), w_row, recipe, need_wgrad, epilogue_bias, x_e4m3_max,
@@ -351,6 +362,14 @@ class ReferenceSteps:
                     _at(address, *layout).copy_(t)
         forward.launch(self._kernel("reference forward", run_forward), Slot(0), None, Slot(2), Slot(3),
                        Slot(4), Slot(5), y_slot, *x_col)
+        linear_steps._share(forward, [y_slot], x_col)  # X's columnwise copy in one allocation, as the real steps
+        return forward, y_slot, x_col, layouts
+
+    def training_step(self, x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias, bias_dtype,
+                      main_grad, w_dtype, x_e4m3_max, w_e4m3_max):
+        (m, k), n = x2d.shape, w_row[0].shape[0]
+        forward, y_slot, x_col, layouts = self._forward_plan(x2d, w_row, recipe, need_wgrad, epilogue_bias,
+                                                             x_e4m3_max, w_e4m3_max)
 
         sums_with_dy = bias_dtype is not None and recipe.gradient_scaling == "tensor"
         backward = LaunchPlan(inputs=9)  # dy, the random state, W columnwise, X columnwise, main_grad
@@ -381,7 +400,6 @@ class ReferenceSteps:
                 _at(words[11], (n,), torch.float32).copy_(out[2])
         backward.launch(self._kernel("reference backward", run_backward), *(Slot(i) for i in range(9)),
                         dx, dw, sums)
-        linear_steps._share(forward, [y_slot], x_col)  # X's columnwise copy in one allocation, as the real steps
         linear_steps._share(backward, [dx, dw, sums])
         native = launcher.module()
         return native.LinearStep(forward._make_native(), ["reference forward"], y_slot, list(x_col),

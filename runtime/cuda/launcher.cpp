@@ -358,6 +358,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         },
         pybind11::arg("step"), pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"),
         pybind11::arg("operands"), pybind11::arg("device"));
+  // Y of a forward without autograd (linear_steps.ForwardStep): the forward plan's inputs are x [..., K] (its
+  // [tokens, K] in any contiguous shape of the same memory), no random state, W rowwise (3) and the epilogue's
+  // fp32 bias; Y comes back [..., N]
+  m.def("forward_step",
+        [](const std::shared_ptr<Plan>& plan, const std::vector<std::string>& kernels, int64_t y, const at::Tensor& x,
+           const std::vector<std::optional<at::Tensor>>& w_row_and_bias, int64_t device) {
+          TORCH_CHECK(w_row_and_bias.size() == 4, "fp4gen launcher: forward_step takes W's 3 tensors and the bias");
+          TORCH_CHECK(plan->is_buffer(y, false), "fp4gen launcher: forward_step's y must name a buffer of its plan");
+          const auto buffers = run_or_raise(*plan, kernels,
+                                            {x, std::nullopt, w_row_and_bias[0], w_row_and_bias[1],
+                                             w_row_and_bias[2], w_row_and_bias[3]},
+                                            device, current_stream(device));
+          at::Tensor out = buffer(buffers, *plan, y);
+          std::vector<int64_t> sizes = x.sizes().vec();
+          sizes.back() = out.size(1);
+          return reshaped_buffer(std::move(out), sizes);
+        },
+        pybind11::arg("plan"), pybind11::arg("kernels"), pybind11::arg("y"), pybind11::arg("x"),
+        pybind11::arg("w_row_and_bias"), pybind11::arg("device"));
   // What a failed launch raises: the exception type and the texts of the kernels' refusal statuses
   m.def("set_errors", [](pybind11::object error_type, std::map<int64_t, std::string> texts) {
     Py_XDECREF(kernel_error);

@@ -65,14 +65,22 @@ def _alignment(*tensors) -> tuple:
 
 class ForwardStep:
     """Y = X Wᵀ (+ bias) with X quantized on the way: inputs (x, no random state, W's (data, scale, amax), the
-    bias or None); run() returns (y, X's columnwise (data, scale, amax) or None)."""
+    bias or None); run() returns (y, X's columnwise (data, scale, amax) or None); run_forward_step() runs it in
+    one call into the C++ launcher (native: the plan there, kernels: their names, for errors)."""
 
-    __slots__ = ("plan", "y", "x_col")
+    __slots__ = ("plan", "y", "x_col", "native", "kernels")
 
     def run(self, x2d: torch.Tensor, w_row: tuple, bias) -> tuple:
         buffers = self.plan.run(ops._launch, [x2d, None, *w_row, bias], x2d.device)
         x_col = tuple(self.plan.tensor(buffers, slot) for slot in self.x_col) if self.x_col else None
         return self.plan.tensor(buffers, self.y), x_col
+
+
+def run_forward_step(step: ForwardStep, x: torch.Tensor, w_row: tuple, bias) -> torch.Tensor:
+    """Y [..., N] of a forward without autograd for x [..., K] (the [tokens, K] the step was made for, in any
+    contiguous shape of the same memory): one call into the C++ launcher."""
+    device = x.device.index if x.is_cuda else -1  # -1: plans of host functions (the CPU tests')
+    return launcher.module().forward_step(step.native, step.kernels, step.y, x, [*w_row, bias], device)
 
 
 def forward_step(x2d: torch.Tensor, w_row: tuple, recipe, need_wgrad: bool, bias, x_e4m3_max: float,
@@ -114,6 +122,7 @@ def _build_forward(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max)
     step.plan, step.y = plan, g[gemm.inputs]  # D: the GEMM's first buffer
     step.x_col = tuple(q[slot] for slot in col) if col is not None else None
     _share(plan, [step.y], step.x_col)
+    step.native, step.kernels = _native(plan), _names(plan)
     return step
 
 

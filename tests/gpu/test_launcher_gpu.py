@@ -75,12 +75,14 @@ def test_gemm_through_the_cpp_launcher_equals_launches_from_python(launch_with, 
 def test_linear_steps_as_one_plan_equal_the_separate_calls(launch_with, monkeypatch, case):
     """fp4gen.nn.Linear's eager steps through the C++ launcher run as one launch plan a direction: a training step
     as the launcher's LinearStep (its backward from autograd's C++ node), a forward without autograd as a
-    ForwardStep (linear_steps.py); from Python they make the separate quantize and GEMM calls. Same bytes either
-    way."""
+    ForwardStep (linear_steps.py, one call into the launcher); from Python they make the separate quantize and GEMM
+    calls. Same bytes either way."""
     from fp4gen.cuda import linear_steps
     ran = []
     monkeypatch.setattr(linear_steps.ForwardStep, "run", lambda self, *args, _run=linear_steps.ForwardStep.run:
                         ran.append("forward step") or _run(self, *args))
+    monkeypatch.setattr(linear_steps, "run_forward_step", lambda *args, _run=linear_steps.run_forward_step:
+                        ran.append("forward step") or _run(*args))
     monkeypatch.setattr(linear_steps, "run_training_step", lambda *args, _run=linear_steps.run_training_step:
                         ran.append("training step") or _run(*args))
     launch_with("python")
