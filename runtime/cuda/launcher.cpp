@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -42,6 +43,14 @@ c10::ScalarType dtype_named(const std::string& name) {
   if (name == "bfloat16") return c10::ScalarType::BFloat16;
   if (name == "float8_e4m3fn") return c10::ScalarType::Float8_e4m3fn;
   throw std::invalid_argument("fp4gen launcher: no buffer dtype named " + name);
+}
+
+// Raises RuntimeError("fp4gen launcher: " + message()) unless ok. The message is put together with std::to_string,
+// not with TORCH_CHECK's stream formatting: formatting an integer into TORCH_CHECK's message crashed the process
+// (segmentation fault in the stream's insertion) with the launcher compiled against torch 2.11 on the GPU machine.
+template <typename Message>
+void check(bool ok, Message message) {
+  if (!ok) throw std::runtime_error("fp4gen launcher: " + message());
 }
 
 struct Launch {
@@ -68,12 +77,13 @@ class Plan {
       : inputs_(inputs), zeroed_(std::move(zeroed)) {
     const int64_t slots = inputs + static_cast<int64_t>(buffers.size());
     for (const auto& [shape, dtype] : buffers) buffers_.emplace_back(shape, dtype_named(dtype));
-    TORCH_CHECK(shared.empty() || shared.size() == buffers.size(), "fp4gen launcher: ", shared.size(),
-                " allocation numbers for ", buffers.size(), " buffers");
+    check(shared.empty() || shared.size() == buffers.size(), [&] {
+      return std::to_string(shared.size()) + " allocation numbers for " + std::to_string(buffers.size()) + " buffers";
+    });
     for (size_t i = 0; i < shared.size(); ++i) {
       const int64_t group = shared[i];
-      TORCH_CHECK(group >= -1 && group < static_cast<int64_t>(buffers.size()),
-                  "fp4gen launcher: allocation number ", group, " out of range");
+      check(group >= -1 && group < static_cast<int64_t>(buffers.size()),
+            [&] { return "allocation number " + std::to_string(group) + " out of range"; });
       if (group < 0) {
         placement_.push_back({-1, 0});
         continue;
@@ -86,12 +96,14 @@ class Plan {
       shared_bytes_[group] += (bytes + kShareAlignment - 1) / kShareAlignment * kShareAlignment;
     }
     for (int64_t slot : zeroed_)
-      TORCH_CHECK(slot >= inputs && slot < slots, "fp4gen launcher: zeroed slot ", slot, " is not a buffer");
+      check(slot >= inputs && slot < slots, [&] { return "zeroed slot " + std::to_string(slot) + " is not a buffer"; });
     for (const auto& [address, words, fills] : launches) {
-      TORCH_CHECK(address != 0, "fp4gen launcher: a launch without an entry point");
+      check(address != 0, [] { return std::string("a launch without an entry point"); });
       for (const auto& [position, slot] : fills)
-        TORCH_CHECK(position >= 0 && position < static_cast<int64_t>(words.size()) && slot >= 0 && slot < slots,
-                    "fp4gen launcher: argument ", position, " names slot ", slot, " of ", slots);
+        check(position >= 0 && position < static_cast<int64_t>(words.size()) && slot >= 0 && slot < slots, [&] {
+          return "argument " + std::to_string(position) + " names slot " + std::to_string(slot) + " of " +
+                 std::to_string(slots);
+        });
       launches_.push_back({reinterpret_cast<RunPacked>(static_cast<uintptr_t>(address)), words, fills});
     }
   }
@@ -100,8 +112,9 @@ class Plan {
   // (buffers, index of the launch that failed or -1, its status).
   std::tuple<std::vector<at::Tensor>, int64_t, int64_t> run(const std::vector<std::optional<at::Tensor>>& inputs,
                                                             int64_t device, uint64_t stream) const {
-    TORCH_CHECK(static_cast<int64_t>(inputs.size()) == inputs_, "fp4gen launcher: the plan takes ", inputs_,
-                " inputs, got ", inputs.size());
+    check(static_cast<int64_t>(inputs.size()) == inputs_, [&] {
+      return "the plan takes " + std::to_string(inputs_) + " inputs, got " + std::to_string(inputs.size());
+    });
     const at::Device where = device < 0 ? at::Device(at::kCPU)
                                         : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
     c10::OptionalDeviceGuard guard;
@@ -332,13 +345,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                              std::vector<int64_t> x_col, std::shared_ptr<Plan> backward,
                              std::vector<std::string> backward_kernels, int64_t dx, int64_t dw, int64_t sums,
                              int64_t rng_advance, int64_t bias_grad, const std::string& bias_dtype) {
-             TORCH_CHECK(x_col.empty() || x_col.size() == 3, "fp4gen launcher: X's columnwise copy is 3 slots");
-             TORCH_CHECK(bias_grad >= 0 && bias_grad <= 2, "fp4gen launcher: bias_grad is 0, 1 or 2");
+             check(x_col.empty() || x_col.size() == 3, [] { return std::string("X's columnwise copy is 3 slots"); });
+             check(bias_grad >= 0 && bias_grad <= 2, [] { return std::string("bias_grad is 0, 1 or 2"); });
              bool buffers = forward->is_buffer(y, false);
              for (int64_t slot : x_col) buffers = buffers && forward->is_buffer(slot, false);
              for (int64_t slot : {dx, dw}) buffers = buffers && backward->is_buffer(slot, true);
              buffers = buffers && backward->is_buffer(sums, bias_grad != 1);
-             TORCH_CHECK(buffers, "fp4gen launcher: a LinearStep's output slots must name its plans' buffers");
+             check(buffers, [] { return std::string("a LinearStep's output slots must name its plans' buffers"); });
              return std::make_shared<LinearStep>(LinearStep{std::move(forward), std::move(backward),
                                                             std::move(forward_kernels), std::move(backward_kernels),
                                                             y, std::move(x_col), dx, dw, sums, rng_advance, bias_grad,
@@ -353,7 +366,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         [](const std::shared_ptr<LinearStep>& step, const at::Tensor& x, const at::Tensor& weight,
            const std::optional<at::Tensor>& bias, const std::vector<std::optional<at::Tensor>>& operands,
            int64_t device) {
-          TORCH_CHECK(operands.size() == 9, "fp4gen launcher: linear_step takes 9 operands, got ", operands.size());
+          check(operands.size() == 9,
+                [&] { return "linear_step takes 9 operands, got " + std::to_string(operands.size()); });
           return LinearFunction::apply(x, weight, bias, std::shared_ptr<const LinearStep>(step), operands, device);
         },
         pybind11::arg("step"), pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"),
@@ -364,8 +378,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward_step",
         [](const std::shared_ptr<Plan>& plan, const std::vector<std::string>& kernels, int64_t y, const at::Tensor& x,
            const std::vector<std::optional<at::Tensor>>& w_row_and_bias, int64_t device) {
-          TORCH_CHECK(w_row_and_bias.size() == 4, "fp4gen launcher: forward_step takes W's 3 tensors and the bias");
-          TORCH_CHECK(plan->is_buffer(y, false), "fp4gen launcher: forward_step's y must name a buffer of its plan");
+          check(w_row_and_bias.size() == 4,
+                [] { return std::string("forward_step takes W's 3 tensors and the bias"); });
+          check(plan->is_buffer(y, false),
+                [] { return std::string("forward_step's y must name a buffer of its plan"); });
           const auto buffers = run_or_raise(*plan, kernels,
                                             {x, std::nullopt, w_row_and_bias[0], w_row_and_bias[1],
                                              w_row_and_bias[2], w_row_and_bias[3]},
