@@ -87,8 +87,7 @@ class LaunchPlan:
         launcher (launcher.py) on a CUDA device, unless FP4GEN_LAUNCHER=python; else from Python, through
         launch(kernel, device, *args)."""
         if device.type == "cuda" and launcher.enabled():
-            native = self._native if self._native is not None else self._make_native()
-            buffers, failed, status = native.run(inputs, device.index, raw_stream(device.index))
+            buffers, failed, status = self.native().run(inputs, device.index, raw_stream(device.index))
             if status:
                 self.launches[failed][0].raise_for(status, "run")
             return buffers
@@ -104,6 +103,10 @@ class LaunchPlan:
                     args[position] = pointers[slot]
                 launch(kernel, device, *args)
         return buffers
+
+    def native(self):
+        """The plan in the C++ launcher, made at the first call (the plan must be complete by then)."""
+        return self._native if self._native is not None else self._make_native()
 
     def _make_native(self):
         shared = [-1] * len(self.buffers)

@@ -122,7 +122,7 @@ def _build_forward(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max)
     step.plan, step.y = plan, g[gemm.inputs]  # D: the GEMM's first buffer
     step.x_col = tuple(q[slot] for slot in col) if col is not None else None
     _share(plan, [step.y], step.x_col)
-    step.native, step.kernels = _native(plan), _names(plan)
+    step.native, step.kernels = plan.native(), _names(plan)
     return step
 
 
@@ -173,14 +173,10 @@ def _build_training(x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogu
     if backward is None:
         return None
     return launcher.module().LinearStep(
-        _native(forward.plan), _names(forward.plan), forward.y, list(forward.x_col or ()), _native(backward.plan),
+        forward.plan.native(), _names(forward.plan), forward.y, list(forward.x_col or ()), backward.plan.native(),
         _names(backward.plan), _slot(backward.dx), _slot(backward.dw), _slot(backward.sums),
         OFFSETS_PER_CALL if recipe.gradient_rounding == "stochastic" else 0,
         0 if bias_dtype is None else 1 if sums_with_dy else 2, str(bias_dtype or torch.float32).replace("torch.", ""))
-
-
-def _native(plan: LaunchPlan):
-    return plan._native if plan._native is not None else plan._make_native()
 
 
 def _names(plan: LaunchPlan) -> list:
