@@ -244,7 +244,7 @@ def test_a_training_step_hands_its_plans_an_aligned_contiguous_dy_with_the_same_
 
 
 def _kernel_error(name: str, status: int) -> str:
-    """What library.Kernel.raise_for says of a failed run (the launcher's LinearStep writes the same in C++)."""
+    """What library.Kernel.raise_for says of a failed run (the launcher's LinearStep raises the same)."""
     with pytest.raises(KernelError) as raised:
         library.Kernel.raise_for(SimpleNamespace(name=name), status, "run")
     return str(raised.value)

@@ -22,7 +22,6 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -176,10 +175,10 @@ class Plan {
   std::vector<int64_t> shared_bytes_;                    // the size of each shared allocation
 };
 
-// Why a launch failed, as fp4gen.cuda.library.Kernel.raise_for says it: statuses below 1000 are the kernel's
-// refusals (texts set by set_errors), 1000 + e a CUDA error e.
-std::map<int64_t, std::string> status_texts;
-PyObject* kernel_error = nullptr;  // fp4gen.errors.KernelError (a new reference, kept for the process)
+// What a failed launch raises (set by set_errors, kept for the process as new references):
+// fp4gen.errors.KernelError, and fp4gen.cuda.library.failure_message(name, call, status), its text.
+PyObject* kernel_error = nullptr;
+PyObject* failure_message = nullptr;
 
 // Runs `plan`, raising fp4gen.errors.KernelError (through the GIL: backward runs on autograd's threads) if a launch
 // fails. `names`: the plan's kernels in launch order.
@@ -189,19 +188,16 @@ std::vector<at::Tensor> run_or_raise(const Plan& plan, const std::vector<std::st
   auto [buffers, failed, status] = plan.run(inputs, device, stream);
   if (failed < 0) return std::move(buffers);
   const std::string name = failed < static_cast<int64_t>(names.size()) ? names[failed] : "a kernel";
-  std::string message;
-  if (status >= 1000) {
-    message = name + ": run failed with CUDA error " + std::to_string(status - 1000);
-  } else {
-    const auto text = status_texts.find(status);
-    message = name + ": run refused the problem (status " + std::to_string(status) + ": " +
-              (text != status_texts.end() ? text->second : std::string("unknown status")) + ")";
-  }
   // As a Python error carried by a C++ exception: PyTorch's autograd engine moves it from its thread to the one
   // that called backward and raises it there; the module's translator raises it for forward's callers
   python_error error;
   {
     pybind11::gil_scoped_acquire gil;
+    std::string message = name + ": run failed with status " + std::to_string(status);
+    if (failure_message != nullptr) {
+      const auto format = pybind11::reinterpret_borrow<pybind11::object>(failure_message);
+      message = format(name, "run", status).cast<std::string>();
+    }
     PyErr_SetString(kernel_error != nullptr ? kernel_error : PyExc_RuntimeError, message.c_str());
     error.persist();
   }
@@ -394,9 +390,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("plan"), pybind11::arg("kernels"), pybind11::arg("y"), pybind11::arg("x"),
         pybind11::arg("w_row_and_bias"), pybind11::arg("device"));
   // What a failed launch raises: the exception type and the texts of the kernels' refusal statuses
-  m.def("set_errors", [](pybind11::object error_type, std::map<int64_t, std::string> texts) {
+  m.def("set_errors", [](pybind11::object error_type, pybind11::object message) {
     Py_XDECREF(kernel_error);
+    Py_XDECREF(failure_message);
     kernel_error = error_type.release().ptr();
-    status_texts = std::move(texts);
+    failure_message = message.release().ptr();
   });
 }

@@ -67,7 +67,7 @@ def module():
     global _MODULE
     if _MODULE is None:
         loaded = _load_or_build()
-        loaded.set_errors(KernelError, library.STATUS)  # what a Linear step's failed launch raises
+        loaded.set_errors(KernelError, library.failure_message)  # what a Linear step's failed launch raises
         _MODULE = loaded
     return _MODULE
 

@@ -11,10 +11,18 @@ from .manifest import INDEX, build_command, lib_dir, load_manifest
 
 ABI_VERSION = 2  # must equal FP4GEN_ABI_VERSION in templates/include/fp4gen/abi.h
 _CTYPES = {"pointer": ctypes.c_void_p, "int64": ctypes.c_int64, "float32": ctypes.c_float}
-STATUS = {  # a kernel's refusal statuses (1000 + e: CUDA error e)
+_STATUS = {  # a kernel's refusal statuses (1000 + e: CUDA error e)
     1: "the problem breaks the kernel's shape or stride rules",
     2: "a pointer or row stride breaks the kernel's alignment",
 }
+
+
+def failure_message(name: str, call: str, status: int) -> str:
+    """What a KernelError says of kernel `name`'s `call` that returned the nonzero `status` (the C++ launcher's
+    Linear steps raise the same text: launcher.module() hands it this function)."""
+    if status >= 1000:
+        return f"{name}: {call} failed with CUDA error {status - 1000}"
+    return f"{name}: {call} refused the problem (status {status}: {_STATUS.get(status, 'unknown status')})"
 
 
 def _build_hint(entry: dict) -> str:
@@ -75,10 +83,7 @@ class Kernel:
         return words
 
     def raise_for(self, status: int, call: str):
-        if status >= 1000:
-            raise KernelError(f"{self.name}: {call} failed with CUDA error {status - 1000}")
-        raise KernelError(f"{self.name}: {call} refused the problem (status {status}: "
-                          f"{STATUS.get(status, 'unknown status')})")
+        raise KernelError(failure_message(self.name, call, status))
 
     def can_implement(self, *args) -> int:
         return self._can_implement(*args)
