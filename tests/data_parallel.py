@@ -1,0 +1,129 @@
+"""Data-parallel training runs of fp4gen layers for the distributed tests: the models, the batches, the training
+loop and one rank's process, on CUDA (one process a GPU, NCCL) or on the CPU (gloo, the reference backend).
+
+Every rank of a run builds the same model (same seed) and sees the same global batches, taking its own slice of
+each; the rank's process saves its per-step global losses, its final full parameters and, under DDP, the last
+step's gradients, for the tests to compare."""
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fp4gen
+
+try:
+    from torch.distributed.fsdp import fully_shard
+except ImportError:  # PyTorch before FSDP2
+    fully_shard = None
+
+WORLD = 2
+STEPS = 8
+GLOBAL_TOKENS = 128  # each rank takes 64 tokens: a multiple of 16, as wgrad needs
+LR = 1e-2  # Adam: the loss falls by about a third in STEPS steps, so a stale weight would show
+BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
+
+
+class Experts(torch.nn.Module):
+    """Four experts (one GroupedLinear, 256 -> 64), each token routed by its own first feature (so a token meets
+    the same expert whichever rank holds it; expert 1 gets none): tokens are sorted by expert, the grouped
+    layer runs, and the outputs go back to the tokens' order."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.experts = fp4gen.nn.GroupedLinear(4, 256, 64, device=device, dtype=torch.bfloat16)
+
+    def forward(self, x):
+        feature = x[:, 0].float()
+        expert = torch.where(feature > 0.5, 3, torch.where(feature > -0.5, 2, 0))
+        order = torch.argsort(expert, stable=True)
+        counts = torch.zeros(4, dtype=torch.int64, device=x.device).scatter_add_(0, expert, torch.ones_like(expert))
+        y_sorted = self.experts(x[order], counts.cumsum(0))
+        return torch.empty_like(y_sorted).index_copy(0, order, y_sorted)
+
+
+def make_model(device, kind="linear"):
+    """kind "linear": three fp4gen.nn.Linear layers with GELUs between them; "experts": Experts."""
+    torch.manual_seed(0)
+    if kind == "experts":
+        return Experts(device)
+    return torch.nn.Sequential(
+        fp4gen.nn.Linear(256, 512, device=device, dtype=torch.bfloat16), torch.nn.GELU(),
+        fp4gen.nn.Linear(512, 256, device=device, dtype=torch.bfloat16), torch.nn.GELU(),
+        fp4gen.nn.Linear(256, 64, device=device, dtype=torch.bfloat16))
+
+
+def batches():
+    """The same global batches in every process: inputs and regression targets, on the CPU."""
+    g = torch.Generator().manual_seed(1)
+    teacher = torch.randn(256, 64, generator=g) / 16
+    for _ in range(STEPS):
+        x = torch.randn(GLOBAL_TOKENS, 256, generator=g)
+        yield x.bfloat16(), (x @ teacher).bfloat16()
+
+
+def train(model, rank, world, device):
+    """Per-step global losses. Each process computes the mean loss of its slice; data parallelism averages
+    the gradients, which equals the gradient of the global mean."""
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    losses = []
+    per_rank = GLOBAL_TOKENS // world
+    for x, t in batches():
+        x, t = x[rank * per_rank:(rank + 1) * per_rank].to(device), t[rank * per_rank:(rank + 1) * per_rank].to(device)
+        opt.zero_grad()
+        loss = (model(x).float() - t.float()).square().mean()
+        loss.backward()
+        opt.step()
+        global_loss = loss.detach().clone()
+        if world > 1:
+            dist.all_reduce(global_loss)
+            global_loss /= world
+        losses.append(global_loss.item())
+    return losses
+
+
+def shard_layers(model):
+    """FSDP2 over each fp4gen layer, then over the whole model."""
+    for layer in model.modules():
+        if isinstance(layer, (fp4gen.nn.Linear, fp4gen.nn.GroupedLinear)):
+            fully_shard(layer)
+    fully_shard(model)
+
+
+def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD, device_type="cuda"):
+    """One rank of a "ddp" or "fsdp2" run, saved to out_dir/{mode}_rank{rank}.pt."""
+    if device_type == "cuda":
+        os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (see the device notes in the README)
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(BACKENDS[device_type], init_method=f"file://{rdzv}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
+    try:
+        model = make_model(device, kind)
+        if mode == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[rank] if device_type == "cuda" else None)
+            module = model.module
+        else:
+            shard_layers(model)
+            module = model
+        losses = train(model, rank, world, device)
+        grads = {}
+        if mode == "ddp":  # the gradients of the last step, after DDP's all-reduce
+            grads = {name: p.grad.detach().cpu() for name, p in module.named_parameters()}
+        # FSDP2's parameters are shards (DTensors): full_tensor() gathers them, a collective every rank joins
+        params = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
+                  for name, p in module.named_parameters()}
+        torch.save({"losses": losses, "grads": grads, "params": params}, os.path.join(out_dir, f"{mode}_rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_data_parallel(mode, tmp_path, kind="linear", device_type="cuda"):
+    """Every rank's saved results of a WORLD-process run."""
+    mp.spawn(worker, args=(mode, str(tmp_path / f"rdzv_{mode}"), str(tmp_path), kind, WORLD, device_type),
+             nprocs=WORLD, join=True)
+    return [torch.load(tmp_path / f"{mode}_rank{r}.pt") for r in range(WORLD)]
