@@ -190,10 +190,11 @@ def _autocast_dtype(x: torch.Tensor):
 class Linear(torch.nn.Linear):
     """Drop-in torch.nn.Linear (same parameters and state_dict) that trains with NVFP4 GEMMs.
 
-    in_features and out_features must be multiples of 16 (NVFP4 blocks along both weight dimensions);
-    in training, the number of tokens (the input flattened to [tokens, in_features]) must be a
-    multiple of 16 too, because wgrad contracts over tokens in 16-element blocks. Parameters are
-    bfloat16, float16 or float32.
+    in_features and out_features must be multiples of 16 (NVFP4 blocks along both weight dimensions).
+    Any number of tokens (the input flattened to [tokens, in_features]) works: in training, where wgrad
+    contracts over tokens in 16-token blocks, a count that is not a multiple of 16 is completed with zero
+    tokens, at the cost of one copy of the input and one of its gradient. Parameters are bfloat16, float16
+    or float32.
 
     Under torch.autocast the input is cast to the autocast dtype and the output has that dtype, as with
     torch.nn.Linear; outside autocast the input's dtype must equal the parameters'.
@@ -317,16 +318,19 @@ class Linear(torch.nn.Linear):
         tokens = x2d.shape[0]
         grad = torch.is_grad_enabled()
         need_wgrad = grad and weight.requires_grad
-        if need_wgrad and tokens % BLOCK:
-            raise ValueError(f"the input flattens to {tokens} tokens; training needs a multiple of {BLOCK} "
-                             f"(wgrad contracts over tokens in NVFP4 blocks)")
+        # wgrad contracts over tokens in 16-token NVFP4 blocks: a partial last block is completed with zero
+        # tokens (one copy of X here, and of dY in backward), which change no amax, encode as zeros and add
+        # nothing to dW, as a grouped layer pads a group's tokens; Y's extra rows are dropped
+        pad = -tokens % BLOCK if need_wgrad else 0
+        if pad:
+            x2d = torch.nn.functional.pad(x2d, (0, 0, 0, pad))
         ops = torch_ops.for_caller()
         in_graph = traced_or_captured(x2d)
         qw_row, qw_col = self._quantized_weight(ops, weight, in_graph)
         epilogue_bias = self._epilogue_bias(bias, GEMM_OUT[x2d.dtype], in_graph)
         # a step takes x itself where its rows are contiguous, and gives Y shaped [..., out_features]: no views
         # between x and Y, whose nodes autograd would walk back
-        step_x = x if x2d is x or x.is_contiguous() else x2d
+        step_x = x if x2d is x or (x.is_contiguous() and not pad) else x2d
         if not grad:  # inference: no graph to record, nothing to save for backward
             y = self._forward_step(ops, x2d, step_x, qw_row, epilogue_bias)
             if y is None:  # the separate calls (_forward_step asked for the step already)
@@ -340,6 +344,8 @@ class Linear(torch.nn.Linear):
         if y is None:
             y = _NVFP4LinearFunction.apply(x2d, weight, bias, qw_row, qw_col, recipe, main_grad, need_wgrad,
                                            rng_state if rng_state is not None else _no_rng(x2d), epilogue_bias)
+        if pad:
+            y = y[:tokens]
         return y if y.dim() == x.dim() else y.reshape(*x.shape[:-1], self.out_features)
 
     def _forward_step(self, ops, x2d, step_x, qw_row, epilogue_bias):

@@ -20,7 +20,7 @@ except ImportError:  # PyTorch before FSDP2
 
 WORLD = 2
 STEPS = 8
-GLOBAL_TOKENS = 128  # each rank takes 64 tokens: a multiple of 16, as wgrad needs
+GLOBAL_TOKENS = 128  # each rank takes 64 tokens
 LR = 1e-2  # Adam: the loss falls by about a third in STEPS steps, so a stale weight would show
 BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
 

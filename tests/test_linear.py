@@ -108,12 +108,66 @@ def test_dimensions_nvfp4_cannot_take_raise_at_construction(shape):
         fp4gen.nn.Linear(*shape)
 
 
-def test_token_count_rule_in_training_but_not_in_inference():
-    layer = fp4gen.nn.Linear(32, 16)
-    with pytest.raises(ValueError, match="7 tokens"):
-        layer(torch.randn(7, 32))
+RECIPES = {
+    "default": fp4gen.Recipe(),
+    "tensor-scaled X, row-scaled dY": fp4gen.Recipe(row_scaled_activation=False, gradient_scaling="row"),
+    "stochastic dY, 1x16 weights, 4over6": fp4gen.Recipe(stochastic_rounding=True, weight_block=(1, 16),
+                                                         four_over_six="all"),
+}
+
+
+TOKEN_SHAPES = [(1, 64), (7, 64), (17, 64), (5, 7, 64)]
+
+
+def check_token_count_off_the_block(shape, recipe, device):
+    """Training takes any token count: the layer completes the last 16-token block with zero tokens itself, so
+    Y, dX, dW and db equal, byte for byte, what a caller gets who appends the zero tokens (with zero gradient
+    rows) and drops Y's extra rows; and the forward equals the inference forward."""
+    from fp4gen.rng import RNGState
+    torch.manual_seed(5)
+    layer = fp4gen.nn.Linear(64, 48, device=device, dtype=torch.bfloat16, recipe=RECIPES[recipe])
+    x = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    tokens = x.numel() // 64
+    dy = torch.randn(*shape[:-1], 48, device=device, dtype=torch.bfloat16)
+    padded = -tokens % 16
+    x_padded = torch.cat([x.reshape(tokens, 64), x.new_zeros(padded, 64)]).requires_grad_()
+    dy_padded = torch.cat([dy.reshape(tokens, 48), dy.new_zeros(padded, 48)])
+    rng = RNGState.default(x.device).tensor
+    start = rng.clone()
+    y_padded = layer(x_padded)
+    y_padded.backward(dy_padded)
+    expected = (y_padded.detach()[:tokens], x_padded.grad[:tokens], layer.weight.grad.clone(), layer.bias.grad.clone())
+    layer.zero_grad()
+    rng.copy_(start)  # the same random bits for dY's stochastic rounding
+    xg = x.clone().requires_grad_()
+    y = layer(xg)
+    y.backward(dy)
+    assert y.shape == (*shape[:-1], 48) and xg.grad.shape == shape
+    got = (y.detach().reshape(tokens, 48), xg.grad.reshape(tokens, 64), layer.weight.grad, layer.bias.grad)
+    for name, g, e in zip(("Y", "dX", "dW", "db"), got, expected):
+        assert torch.equal(g, e), name
+    assert layer.weight.grad.abs().sum() > 0
     with torch.no_grad():
-        assert layer(torch.randn(7, 32)).shape == (7, 16)
+        assert torch.equal(layer(x), y.detach())
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=list(RECIPES))
+@pytest.mark.parametrize("shape", TOKEN_SHAPES)
+def test_training_with_a_token_count_off_the_block_equals_zero_tokens_added_by_the_caller(shape, recipe):
+    check_token_count_off_the_block(shape, recipe, "cpu")
+
+
+def test_training_with_a_token_count_off_the_block_matches_the_emulation():
+    """17 tokens against the float64 emulation of the recipe on the tokens completed with zeros (no token of
+    the partial block is lost or counted twice)."""
+    torch.manual_seed(6)
+    layer = fp4gen.nn.Linear(128, 96, dtype=torch.float32)
+    x = torch.randn(17, 128, requires_grad=True)
+    dy = torch.randn(17, 96)
+    layer(x).backward(dy)
+    pad = torch.nn.functional.pad
+    ey, edx, edw, edb = emulate(layer, pad(x.detach(), (0, 0, 0, 15)), pad(dy, (0, 0, 0, 15)))
+    assert rel(x.grad, edx[:17]) < 1e-5 and rel(layer.weight.grad, edw) < 1e-5 and rel(layer.bias.grad, edb) < 1e-5
 
 
 def test_only_nvfp4_copies_are_saved_for_backward():

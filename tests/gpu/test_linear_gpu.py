@@ -1,10 +1,10 @@
-"""fp4gen.nn.Linear on a CUDA device: the same emulation check as on CPU, and a training step captured
-in a CUDA graph and replayed."""
+"""fp4gen.nn.Linear on a CUDA device: the same emulation check as on CPU, token counts off the 16-token block as
+on CPU, and a training step captured in a CUDA graph and replayed."""
 import pytest
 import torch
 
 import fp4gen
-from test_linear import emulate, rel
+from test_linear import RECIPES, TOKEN_SHAPES, check_token_count_off_the_block, emulate, rel
 
 pytestmark = pytest.mark.gpu
 
@@ -21,6 +21,12 @@ def test_forward_and_backward_match_the_emulation_on_gpu(row_scaled):
     ey, edx, edw, edb = emulate(layer, x.detach(), dy)
     assert rel(y, ey) < 2e-2 and rel(x.grad, edx) < 2e-2 and rel(layer.weight.grad, edw) < 2e-2
     assert rel(layer.bias.grad, edb) < 2e-2
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=list(RECIPES))
+@pytest.mark.parametrize("shape", TOKEN_SHAPES)
+def test_training_with_a_token_count_off_the_block_equals_zero_tokens_added_by_the_caller_on_gpu(shape, recipe):
+    check_token_count_off_the_block(shape, recipe, "cuda")
 
 
 def test_training_step_in_a_cuda_graph():
