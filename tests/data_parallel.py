@@ -5,6 +5,8 @@ Every rank of a run builds the same model (same seed) and sees the same global b
 each; the rank's process saves its per-step global losses, its final full parameters and, under DDP, the last
 step's gradients, for the tests to compare."""
 import os
+import sys
+import traceback
 from datetime import timedelta
 
 import torch
@@ -44,14 +46,16 @@ class Experts(torch.nn.Module):
 
 
 def make_model(device, kind="linear"):
-    """kind "linear": three fp4gen.nn.Linear layers with GELUs between them; "experts": Experts."""
+    """kind "linear": three fp4gen.nn.Linear layers with GELUs between them; "linear_sr": the same with stochastic
+    rounding of the gradients; "experts": Experts."""
     torch.manual_seed(0)
     if kind == "experts":
         return Experts(device)
+    recipe = fp4gen.Recipe(stochastic_rounding=True) if kind == "linear_sr" else None
     return torch.nn.Sequential(
-        fp4gen.nn.Linear(256, 512, device=device, dtype=torch.bfloat16), torch.nn.GELU(),
-        fp4gen.nn.Linear(512, 256, device=device, dtype=torch.bfloat16), torch.nn.GELU(),
-        fp4gen.nn.Linear(256, 64, device=device, dtype=torch.bfloat16))
+        fp4gen.nn.Linear(256, 512, device=device, dtype=torch.bfloat16, recipe=recipe), torch.nn.GELU(),
+        fp4gen.nn.Linear(512, 256, device=device, dtype=torch.bfloat16, recipe=recipe), torch.nn.GELU(),
+        fp4gen.nn.Linear(256, 64, device=device, dtype=torch.bfloat16, recipe=recipe))
 
 
 def batches():
@@ -91,8 +95,9 @@ def shard_layers(model):
     fully_shard(model)
 
 
-def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD, device_type="cuda"):
-    """One rank of a "ddp" or "fsdp2" run, saved to out_dir/{mode}_rank{rank}.pt."""
+def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD, device_type="cuda", destroy=True):
+    """One rank of a "ddp" or "fsdp2" run, saved to out_dir/{mode}_rank{rank}.pt; destroy=False leaves the process
+    group to the caller."""
     if device_type == "cuda":
         os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (see the device notes in the README)
         torch.cuda.set_device(rank)
@@ -119,11 +124,29 @@ def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD, device_type="c
                   for name, p in module.named_parameters()}
         torch.save({"losses": losses, "grads": grads, "params": params}, os.path.join(out_dir, f"{mode}_rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
+        if destroy:
+            dist.destroy_process_group()
+
+
+def spawned_rank(rank, mode, rdzv, out_dir, kind, world, device_type):
+    """mp.spawn's entry. A gloo rank exits without tearing its process group down: destroying a gloo group joins
+    its work threads while holding the GIL, and a thread still releasing a finished collective's Python tensors
+    waits for the GIL, so the rank hung about one run in ten (PyTorch 2.13, CPU). It exits at once instead, 1 with
+    the traceback on stderr if the run raised."""
+    if device_type != "cpu":
+        worker(rank, mode, rdzv, out_dir, kind, world, device_type)
+        return
+    try:
+        worker(rank, mode, rdzv, out_dir, kind, world, device_type, destroy=False)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)
 
 
 def run_data_parallel(mode, tmp_path, kind="linear", device_type="cuda"):
     """Every rank's saved results of a WORLD-process run."""
-    mp.spawn(worker, args=(mode, str(tmp_path / f"rdzv_{mode}"), str(tmp_path), kind, WORLD, device_type),
+    mp.spawn(spawned_rank, args=(mode, str(tmp_path / f"rdzv_{mode}"), str(tmp_path), kind, WORLD, device_type),
              nprocs=WORLD, join=True)
     return [torch.load(tmp_path / f"{mode}_rank{r}.pt") for r in range(WORLD)]

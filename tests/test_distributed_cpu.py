@@ -3,12 +3,13 @@ shards fp4gen.nn.Linear's and fp4gen.nn.GroupedLinear's weights across two ranks
 forward and steps the optimizer on the shards.
 
 Both ranks of an FSDP2 run compute exactly what the same two ranks compute under DDP: the same quantization of
-the same slices, the same sum of two ranks' gradients (a sum of two numbers does not depend on its order), and
-Adam elementwise on shards or on whole tensors. So the two runs must agree bit for bit, step by step. A weight
-quantization cached across an optimizer step (FSDP2 refills the unsharded weight without bumping its version
-counter) breaks that: with the layers' optimizer-step hook removed, both models' losses part from the third step
-on (measured 2026-12-05, torch 2.13 CPU).
-The GPU runs of the same models are tests/gpu/test_distributed.py."""
+the same slices (with stochastic rounding, the same random bits: each rank's state is seeded alike and advanced
+by its own backward passes), the same sum of two ranks' gradients (a sum of two numbers does not depend on its
+order), and Adam elementwise on shards or on whole tensors. So the two runs must agree bit for bit, step by step.
+A weight quantization cached across an optimizer step (FSDP2 refills the unsharded weight without bumping its
+version counter) breaks that: with the layers' optimizer-step hook removed, the Linear stack's and the experts'
+losses part from the third step on (measured 2026-12-05, torch 2.13 CPU). The GPU runs of the same models are
+tests/gpu/test_distributed.py."""
 import pytest
 import torch.distributed as dist
 
@@ -20,7 +21,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("kind", ["linear", "experts"])
+@pytest.mark.parametrize("kind", ["linear", "linear_sr", "experts"])
 def test_fsdp2_on_two_cpu_ranks_equals_ddp_bit_for_bit(tmp_path, kind):
     fsdp = run_data_parallel("fsdp2", tmp_path, kind, device_type="cpu")
     ddp = run_data_parallel("ddp", tmp_path, kind, device_type="cpu")
