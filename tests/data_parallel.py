@@ -96,8 +96,8 @@ def shard_layers(model):
 
 
 def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD, device_type="cuda", destroy=True):
-    """One rank of a "ddp" or "fsdp2" run, saved to out_dir/{mode}_rank{rank}.pt; destroy=False leaves the process
-    group to the caller."""
+    """One rank of a "ddp", "fsdp2" or "fsdp2+compile" run, saved to out_dir/{mode}_rank{rank}.pt; destroy=False
+    leaves the process group to the caller."""
     if device_type == "cuda":
         os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (see the device notes in the README)
         torch.cuda.set_device(rank)
@@ -115,6 +115,8 @@ def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD, device_type="c
         else:
             shard_layers(model)
             module = model
+            if mode == "fsdp2+compile":  # the sharded model under torch.compile (Inductor)
+                model = torch.compile(model)
         losses = train(model, rank, world, device)
         grads = {}
         if mode == "ddp":  # the gradients of the last step, after DDP's all-reduce
@@ -122,7 +124,10 @@ def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD, device_type="c
         # FSDP2's parameters are shards (DTensors): full_tensor() gathers them, a collective every rank joins
         params = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
                   for name, p in module.named_parameters()}
-        torch.save({"losses": losses, "grads": grads, "params": params}, os.path.join(out_dir, f"{mode}_rank{rank}.pt"))
+        from torch._dynamo.utils import counters
+        graphs = counters["stats"]["unique_graphs"]  # what torch.compile traced, if it ran
+        torch.save({"losses": losses, "grads": grads, "params": params, "graphs": graphs},
+                   os.path.join(out_dir, f"{mode}_rank{rank}.pt"))
     finally:
         if destroy:
             dist.destroy_process_group()

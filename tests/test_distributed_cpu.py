@@ -9,7 +9,9 @@ order), and Adam elementwise on shards or on whole tensors. So the two runs must
 A weight quantization cached across an optimizer step (FSDP2 refills the unsharded weight without bumping its
 version counter) breaks that: with the layers' optimizer-step hook removed, the Linear stack's and the experts'
 losses part from the third step on (measured 2026-12-05, torch 2.13 CPU). The GPU runs of the same models are
-tests/gpu/test_distributed.py."""
+tests/gpu/test_distributed.py.
+
+FSDP2 under torch.compile runs the layers' custom ops, traced, on the same shards: the same bits again."""
 import pytest
 import torch.distributed as dist
 
@@ -33,3 +35,15 @@ def test_fsdp2_on_two_cpu_ranks_equals_ddp_bit_for_bit(tmp_path, kind):
         assert params.keys() == ddp[0]["params"].keys() and params
         for name, p in params.items():
             assert p.equal(ddp[0]["params"][name]), (rank, name)
+
+
+@pytest.mark.parametrize("kind", ["linear", "experts"])
+def test_fsdp2_under_torch_compile_on_two_cpu_ranks_equals_eager_fsdp2(tmp_path, kind):
+    eager = run_data_parallel("fsdp2", tmp_path, kind, device_type="cpu")
+    compiled = run_data_parallel("fsdp2+compile", tmp_path, kind, device_type="cpu")
+    assert eager[0]["losses"][-1] < 0.8 * eager[0]["losses"][0]
+    for rank in range(WORLD):
+        assert compiled[rank]["graphs"] > 0 and eager[rank]["graphs"] == 0  # the compiled run was traced
+        assert compiled[rank]["losses"] == eager[rank]["losses"], rank
+        for name, p in compiled[rank]["params"].items():
+            assert p.equal(eager[rank]["params"][name]), (rank, name)
