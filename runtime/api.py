@@ -130,7 +130,9 @@ def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool
         raise ValueError(f"x has K = x.shape[-1] = {k}; K must be a multiple of {BLOCK} (the NVFP4 block)")
     if (columnwise or block == (16, 16)) and m % BLOCK:
         why = "the columnwise copy blocks 16 rows" if columnwise else "16x16 blocks span 16 rows"
-        raise ValueError(f"x flattens to M = {m} rows; M must be a multiple of {BLOCK} because {why}")
+        hint = ("; append zero rows up to the next multiple (they change no amax and add nothing to a GEMM over M, "
+                "as fp4gen.nn.Linear does for its tokens)" if columnwise else "")
+        raise ValueError(f"x flattens to M = {m} rows; M must be a multiple of {BLOCK} because {why}{hint}")
     options = _options(x, block, columnwise, rounding, rng, hadamard, four_over_six)
     row, col = quantize_checked(x2d, scaling, block, rowwise, columnwise, options, backend)
     return NVFP4Tensor(row, col, tuple(x.shape), x.dtype, scaling, block)
