@@ -28,29 +28,32 @@ BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
 
 
 class Experts(torch.nn.Module):
-    """Four experts (one GroupedLinear, 256 -> 64), each token routed by its own first feature (so a token meets
-    the same expert whichever rank holds it; expert 1 gets none): tokens are sorted by expert, the grouped
-    layer runs, and the outputs go back to the tokens' order."""
+    """E experts (one GroupedLinear, 256 -> 64; four by default), each token routed by its own first feature to
+    expert 0, E - 2 or E - 1 (so a token meets the same expert whichever rank holds it; with four, expert 1 gets
+    none): tokens are sorted by expert, the grouped layer runs, and the outputs go back to the tokens' order."""
 
-    def __init__(self, device):
+    def __init__(self, device, num_experts=4):
         super().__init__()
-        self.experts = fp4gen.nn.GroupedLinear(4, 256, 64, device=device, dtype=torch.bfloat16)
+        self.experts = fp4gen.nn.GroupedLinear(num_experts, 256, 64, device=device, dtype=torch.bfloat16)
 
     def forward(self, x):
+        e = self.experts.num_experts
         feature = x[:, 0].float()
-        expert = torch.where(feature > 0.5, 3, torch.where(feature > -0.5, 2, 0))
+        expert = torch.where(feature > 0.5, e - 1, torch.where(feature > -0.5, e - 2, 0))
         order = torch.argsort(expert, stable=True)
-        counts = torch.zeros(4, dtype=torch.int64, device=x.device).scatter_add_(0, expert, torch.ones_like(expert))
+        counts = torch.zeros(e, dtype=torch.int64, device=x.device).scatter_add_(0, expert, torch.ones_like(expert))
         y_sorted = self.experts(x[order], counts.cumsum(0))
         return torch.empty_like(y_sorted).index_copy(0, order, y_sorted)
 
 
 def make_model(device, kind="linear"):
     """kind "linear": three fp4gen.nn.Linear layers with GELUs between them; "linear_sr": the same with stochastic
-    rounding of the gradients; "experts": Experts."""
+    rounding of the gradients; "experts": Experts; "experts_3": three experts (across two ranks, unevenly sharded)."""
     torch.manual_seed(0)
     if kind == "experts":
         return Experts(device)
+    if kind == "experts_3":
+        return Experts(device, 3)
     recipe = fp4gen.Recipe(stochastic_rounding=True) if kind == "linear_sr" else None
     return torch.nn.Sequential(
         fp4gen.nn.Linear(256, 512, device=device, dtype=torch.bfloat16, recipe=recipe), torch.nn.GELU(),

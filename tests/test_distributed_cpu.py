@@ -23,7 +23,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("kind", ["linear", "linear_sr", "experts"])
+@pytest.mark.parametrize("kind", ["linear", "linear_sr", "experts", "experts_3"])
 def test_fsdp2_on_two_cpu_ranks_equals_ddp_bit_for_bit(tmp_path, kind):
     fsdp = run_data_parallel("fsdp2", tmp_path, kind, device_type="cpu")
     ddp = run_data_parallel("ddp", tmp_path, kind, device_type="cpu")
