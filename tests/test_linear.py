@@ -122,7 +122,9 @@ TOKEN_SHAPES = [(1, 64), (7, 64), (17, 64), (5, 7, 64)]
 def check_token_count_off_the_block(shape, recipe, device):
     """Training takes any token count: the layer completes the last 16-token block with zero tokens itself, so
     Y, dX, dW and db equal, byte for byte, what a caller gets who appends the zero tokens (with zero gradient
-    rows) and drops Y's extra rows; and the forward equals the inference forward."""
+    rows) and drops Y's extra rows; and the forward equals the inference forward of the same tokens (on CUDA
+    within bf16 rounding: the inference GEMM has the unpadded M, which may pick another kernel and summation
+    order)."""
     from fp4gen.rng import RNGState
     torch.manual_seed(5)
     layer = fp4gen.nn.Linear(64, 48, device=device, dtype=torch.bfloat16, recipe=RECIPES[recipe])
@@ -148,7 +150,8 @@ def check_token_count_off_the_block(shape, recipe, device):
         assert torch.equal(g, e), name
     assert layer.weight.grad.abs().sum() > 0
     with torch.no_grad():
-        assert torch.equal(layer(x), y.detach())
+        y_inference = layer(x)
+    assert torch.equal(y_inference, y.detach()) if device == "cpu" else rel(y_inference, y.detach()) < 1e-2
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=list(RECIPES))
