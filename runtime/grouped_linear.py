@@ -18,6 +18,7 @@ from . import grouped_torch_ops
 from . import nn as _nn
 from .formats import BLOCK
 from .grouped import group_offsets
+from .lasting import made_to_last
 from .recipe import Recipe
 from .rng import RNGState
 
@@ -120,7 +121,8 @@ class StackedWeightCache:
             return self._copies(_quantize_stacked(ops, w, recipe))
         key = (weight._version, _nn._optimizer_steps, w.data_ptr(), w.dtype, w.device, recipe)
         if self.entry is None or self.entry[0] != key:
-            self.entry = (key, *self._copies(_quantize_stacked(ops, w, recipe)))
+            # kept for training steps after an inference pass
+            self.entry = (key, *self._copies(made_to_last(_quantize_stacked, ops, w, recipe)))
         return self.entry[1], self.entry[2]
 
     def _copies(self, q) -> tuple:

@@ -28,6 +28,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from . import torch_ops
 from .api import INPUT_DTYPES, choose_backend, dtype_names
 from .formats import BLOCK
+from .lasting import made_to_last
 from .recipe import Recipe
 from .rng import RNGState
 
@@ -45,7 +46,7 @@ def _no_rng(like: torch.Tensor) -> torch.Tensor:
         return like.new_empty(0, dtype=torch.int64)
     state = _NO_RNG.get(like.device)
     if state is None:
-        state = _NO_RNG[like.device] = like.new_empty(0, dtype=torch.int64)
+        state = _NO_RNG[like.device] = made_to_last(like.new_empty, 0, dtype=torch.int64)
     return state
 
 
@@ -168,6 +169,11 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
+def _fp32_bias(bias: torch.Tensor, y_dtype: torch.dtype) -> torch.Tensor:
+    """The bias rounded to Y's dtype, then widened to the fp32 that the fprop GEMM's epilogue adds."""
+    return bias.to(y_dtype).to(torch.float32)
+
+
 def main_grad_of(weight: torch.Tensor) -> torch.Tensor:
     """weight.main_grad, which accumulate_main_grad=True adds the weight gradient into: an fp32 tensor shaped
     like the weight that the caller attached (anything else is a ValueError)."""
@@ -204,7 +210,8 @@ class Linear(torch.nn.Linear):
 
     The quantized weight (and the bias, converted to the fp32 that the forward GEMM's epilogue adds) is
     reused until its version counter moves or any torch.optim optimizer steps. A change that neither sees
-    (an in-place edit through `weight.data` outside an optimizer) needs `clear_weight_cache()`.
+    (an in-place edit through `weight.data` outside an optimizer) needs `clear_weight_cache()`. A weight
+    quantized under torch.inference_mode (a rollout) is kept as a normal tensor: the next training step reuses it.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: Recipe | None = None,
@@ -265,7 +272,7 @@ class Linear(torch.nn.Linear):
             return q[:3], q[3:]
         key = (weight._version, _optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
         if self._weight_cache is None or self._weight_cache[0] != key:
-            q = self._quantize_weight(ops, w)
+            q = made_to_last(self._quantize_weight, ops, w)  # kept for training steps after an inference pass
             self._weight_cache = (key, q[:3], q[3:])
         return self._weight_cache[1], self._weight_cache[2]
 
@@ -278,10 +285,10 @@ class Linear(torch.nn.Linear):
             return None
         b = bias.detach()
         if in_graph:
-            return b.to(y_dtype).to(torch.float32)
+            return _fp32_bias(b, y_dtype)
         key = (bias._version, _optimizer_steps, b.data_ptr(), b.dtype, b.device, y_dtype)
         if self._bias_cache is None or self._bias_cache[0] != key:
-            self._bias_cache = (key, b.to(y_dtype).to(torch.float32))
+            self._bias_cache = (key, made_to_last(_fp32_bias, b, y_dtype))
         return self._bias_cache[1]
 
     def _quantize_weight(self, ops, w):

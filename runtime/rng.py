@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .lasting import made_to_last
+
 # One offset for each copy a call can write: the rowwise copy draws with the offset, the columnwise copy with
 # the offset + 1, so the two copies of one call never share bits.
 OFFSETS_PER_CALL = 2
@@ -33,7 +35,8 @@ class RNGState:
             seed = torch.initial_seed()
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TypeError(f"seed must be an int or None, got {seed!r}")
-        self.tensor = torch.tensor([_wrap_int64(seed), 0], dtype=torch.int64, device=device)
+        # a normal tensor even when made under torch.inference_mode, so that calls outside it can advance it
+        self.tensor = made_to_last(torch.tensor, [_wrap_int64(seed), 0], dtype=torch.int64, device=device)
 
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor) -> "RNGState":
