@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import grouped_torch_ops
 from . import nn as _nn
@@ -58,6 +59,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # as fp4gen.nn.Linear's: a second backward raises
     def backward(ctx, dy):
         ops = grouped_torch_ops.for_caller()
         saved = ctx.saved_tensors

@@ -23,6 +23,7 @@ bias gradients come back in the parameters' dtypes.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import torch_ops
@@ -134,6 +135,7 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # its GEMMs run on quantized copies: a second backward raises, never silently drops them
     def backward(ctx, dy):
         ops = torch_ops.for_caller()
         saved = ctx.saved_tensors

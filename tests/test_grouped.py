@@ -248,6 +248,12 @@ def test_grouped_linear_equals_a_loop_of_linear_layers(bias):
     assert torch.equal(x.grad, x_loop.grad)
 
 
+def test_a_second_backward_through_the_grouped_layer_raises():
+    from test_linear import check_a_second_backward_raises
+    torch.manual_seed(8)
+    check_a_second_backward_raises(fp4gen.nn.GroupedLinear(3, 64, 64), torch.randn(40, 64), torch.tensor([9, 9, 40]))
+
+
 def test_grouped_linear_checks_its_arguments():
     with pytest.raises(ValueError, match="multiple of 64"):
         fp4gen.nn.GroupedLinear(2, 48, 64)

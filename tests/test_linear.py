@@ -187,6 +187,23 @@ def test_only_nvfp4_copies_are_saved_for_backward():
     assert x.grad is not None
 
 
+def check_a_second_backward_raises(layer, x, *extra, message="differentiate twice"):
+    """create_graph=True gives the first-order gradients unchanged, and a backward through them (a higher-order
+    gradient, which the quantized GEMMs do not define) raises instead of silently leaving the layer out."""
+    xg = x.clone().requires_grad_()
+    (dx,) = torch.autograd.grad(layer(xg, *extra).square().sum(), xg)
+    xg2 = x.clone().requires_grad_()
+    (dx2,) = torch.autograd.grad(layer(xg2, *extra).square().sum(), xg2, create_graph=True)
+    assert torch.equal(dx2.detach(), dx)
+    with pytest.raises(RuntimeError, match=message):
+        dx2.sum().backward()
+
+
+def test_a_second_backward_through_the_layer_raises():
+    torch.manual_seed(8)
+    check_a_second_backward_raises(fp4gen.nn.Linear(64, 32), torch.randn(32, 64))
+
+
 def test_weight_quantization_is_cached_until_the_weight_changes():
     layer = fp4gen.nn.Linear(32, 16)
     layer(torch.randn(16, 32)).sum().backward()

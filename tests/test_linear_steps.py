@@ -488,3 +488,16 @@ def test_linear_uses_a_steps_outputs_as_it_uses_its_separate_calls(monkeypatch, 
     assert len(stepped) == len(separate)
     for ours, theirs in zip(stepped, separate):
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+
+
+def test_a_second_backward_through_a_training_step_raises(monkeypatch):
+    """The launcher's LinearFunction, like the layer's Python function: create_graph=True gives the same first-order
+    gradients, and a backward through them raises with fp4gen's message."""
+    from fp4gen import nn
+    from test_linear import check_a_second_backward_raises
+    steps = ReferenceSteps()
+    monkeypatch.setattr(nn, "_step_plans", lambda ops, t: steps)
+    torch.manual_seed(8)
+    layer = fp4gen.nn.Linear(64, 32)
+    check_a_second_backward_raises(layer, torch.randn(32, 64), message="fp4gen.nn.Linear: trying to differentiate")
+    assert steps.ran.count("backward") == 2

@@ -19,6 +19,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
@@ -252,6 +253,19 @@ at::Tensor reshaped_buffer(at::Tensor t, at::IntArrayRef sizes) {
   return t;
 }
 
+// grads, each made to require grad through a node that raises "trying to differentiate twice" if a backward reaches
+// it (what Python's once_differentiable returns).
+torch::autograd::variable_list first_order_only(torch::autograd::variable_list grads) {
+  for (at::Tensor& g : grads) {
+    if (g.defined()) g = g.detach().requires_grad_(true);
+  }
+  auto error = std::make_shared<torch::autograd::DelayedError>(
+      "fp4gen.nn.Linear: trying to differentiate twice; its backward is not differentiable (its GEMMs run on NVFP4 "
+      "copies), so no higher-order gradient (create_graph=True) can pass through the layer",
+      static_cast<int64_t>(grads.size()));
+  return (*error)(std::move(grads));
+}
+
 // Y = X Wᵀ (+ bias) with X quantized on the way; backward: dY quantized, then dX = dY W and dW = dYᵀ X (or dW
 // accumulated into main_grad inside the GEMM), with db. x is [..., K] with contiguous rows of K, as the step's
 // [tokens, K]; Y is [..., N] and dX is shaped as x. operands: W rowwise (3), W columnwise (3), the epilogue's fp32
@@ -282,6 +296,24 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    // A backward with create_graph=True runs in grad mode. This one is not differentiable (its GEMMs take NVFP4
+    // copies), so its gradients then come out of a node that raises if a second backward reaches it, as with
+    // Python's once_differentiable (the layer's Python function), instead of silently dropping the layer from a
+    // higher-order gradient.
+    if (at::GradMode::is_enabled() && grads[0].requires_grad()) {
+      torch::autograd::variable_list results;
+      {
+        at::NoGradGuard no_grad;  // nothing below is recorded (the bias gradient's sum included)
+        results = gradients(ctx, std::move(grads));
+      }
+      return first_order_only(std::move(results));
+    }
+    return gradients(ctx, std::move(grads));
+  }
+
+  // dX, dW (or none: accumulated into main_grad) and db, from the step's backward plan.
+  static torch::autograd::variable_list gradients(torch::autograd::AutogradContext* ctx,
+                                                  torch::autograd::variable_list grads) {
     const auto holder = ctx->saved_data["step"].toCapsule();
     const LinearStep& step = *static_cast<const StepHolder*>(holder.get())->step;
     const auto saved = ctx->get_saved_variables();

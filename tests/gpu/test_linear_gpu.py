@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import fp4gen
-from test_linear import RECIPES, TOKEN_SHAPES, check_token_count_off_the_block, emulate, rel
+from test_linear import (RECIPES, TOKEN_SHAPES, check_a_second_backward_raises, check_token_count_off_the_block,
+                         emulate, rel)
 
 pytestmark = pytest.mark.gpu
 
@@ -27,6 +28,14 @@ def test_forward_and_backward_match_the_emulation_on_gpu(row_scaled):
 @pytest.mark.parametrize("shape", TOKEN_SHAPES)
 def test_training_with_a_token_count_off_the_block_equals_zero_tokens_added_by_the_caller_on_gpu(shape, recipe):
     check_token_count_off_the_block(shape, recipe, "cuda")
+
+
+def test_a_second_backward_through_the_layer_raises_on_gpu():
+    # bf16 on CUDA: the C++ launcher's training step, with its own message
+    torch.manual_seed(8)
+    check_a_second_backward_raises(fp4gen.nn.Linear(64, 32, device="cuda", dtype=torch.bfloat16),
+                                   torch.randn(32, 64, device="cuda", dtype=torch.bfloat16),
+                                   message="fp4gen.nn.Linear: trying to differentiate twice")
 
 
 def test_training_step_in_a_cuda_graph():
