@@ -21,7 +21,7 @@ from .formats import BLOCK
 from .grouped import group_offsets
 from .lasting import made_to_last
 from .recipe import Recipe
-from .rng import RNGState
+from .rng import default_state_tensor
 
 
 # The grouped GEMMs contract over in_features (fprop, wgrad's other operand) and out_features (dgrad) 64 at a time.
@@ -174,7 +174,7 @@ def grouped_linear(x: torch.Tensor, offsets, weight: torch.Tensor, bias: torch.T
     need_wgrad = torch.is_grad_enabled() and weight.requires_grad
     w_row, w_col = weight_cache.get(weight, recipe)
     # stochastic rounding of dY draws from the device's default state, advanced by each backward
-    rng_state = RNGState.default(x.device).tensor if recipe.stochastic_rounding else _nn._no_rng(x)
+    rng_state = default_state_tensor(x.device) if recipe.stochastic_rounding else _nn._no_rng(x)
     return _GroupedLinearFunction.apply(x, offsets, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad,
                                         rng_state)
 

@@ -31,7 +31,7 @@ from .api import INPUT_DTYPES, choose_backend, dtype_names
 from .formats import BLOCK
 from .lasting import made_to_last
 from .recipe import Recipe
-from .rng import RNGState
+from .rng import default_state_tensor
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
 PARAM_DTYPES = INPUT_DTYPES  # the parameters are quantized as they are
@@ -347,7 +347,7 @@ class Linear(torch.nn.Linear):
             return y if y.dim() == x.dim() else y.reshape(*x.shape[:-1], self.out_features)
         main_grad = main_grad_of(weight) if self.accumulate_main_grad else None
         # stochastic rounding of dY draws from the device's default state, advanced by each backward
-        rng_state = RNGState.default(x2d.device).tensor if recipe.stochastic_rounding else None
+        rng_state = default_state_tensor(x2d.device) if recipe.stochastic_rounding else None
         y = self._training_step(ops, x2d, step_x, weight, bias, qw_row, qw_col, need_wgrad, epilogue_bias,
                                 main_grad, rng_state)
         if y is None:

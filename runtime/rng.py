@@ -85,13 +85,26 @@ class RNGState:
     @classmethod
     def default(cls, device) -> "RNGState":
         """The state quantize uses without rng=: one per device, seeded from torch.initial_seed(), and
-        started afresh (offset 0) whenever torch.initial_seed() has changed since (torch.manual_seed with
-        another seed). Seeding twice with the same value does not restart it: call reset() for that."""
+        started afresh (offset 0, in place) whenever torch.initial_seed() has changed since (torch.manual_seed
+        with another seed). Seeding twice with the same value does not restart it: call reset() for that."""
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         seed = torch.initial_seed()
         entry = cls._defaults.get(device)
-        if entry is None or entry[0] != seed:
+        if entry is None:
             entry = cls._defaults[device] = (seed, cls(seed, device))
+        elif entry[0] != seed:  # the same tensor restarted, so that a compiled step holding it follows
+            entry[1].reset(seed)
+            entry = cls._defaults[device] = (seed, entry[1])
         return entry[1]
+
+
+@torch.compiler.assume_constant_result
+def default_state_tensor(device: torch.device) -> torch.Tensor:
+    """RNGState.default(device).tensor, as the layers' training steps take it. Under torch.compile this runs once,
+    when the step is traced, and the compiled step keeps the tensor (its offset still advances on the device each
+    step): torch.initial_seed(), which RNGState.default reads, returns no tensor and would stop a fullgraph
+    compile. A torch.manual_seed with a new seed reaches the compiled step when the next eager call looks the default
+    state up (it restarts the same tensor), or at once with RNGState.default(device).reset()."""
+    return RNGState.default(device).tensor

@@ -268,18 +268,22 @@ def test_grouped_linear_checks_its_arguments():
         layer(torch.randn(32, 64), [10, 30])
 
 
-def test_grouped_linear_under_torch_compile_matches_eager():
-    """fullgraph: any graph break raises; the grouped ops are custom ops with fake implementations."""
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_grouped_linear_under_torch_compile_matches_eager(stochastic):
+    """fullgraph: any graph break raises; the grouped ops are custom ops with fake implementations. With stochastic
+    rounding both steps draw from the default state from the same offset."""
     def model(seed):
         torch.manual_seed(seed)
-        return fp4gen.nn.GroupedLinear(3, 64, 128, bias=True)
+        return fp4gen.nn.GroupedLinear(3, 64, 128, bias=True, recipe=fp4gen.Recipe(stochastic_rounding=stochastic))
 
     eager, compiled_model = model(7), model(7)
     compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
     x = torch.randn(40, 64)
     offsets = torch.tensor([16, 16, 40])
     for layer in (eager, compiled):
+        fp4gen.RNGState.default("cpu").reset()
         layer(x, offsets).square().mean().backward()
+        assert fp4gen.RNGState.default("cpu").offset.item() == (2 if stochastic else 0)
     for p_eager, p_compiled in zip(eager.parameters(), compiled_model.parameters()):
         assert torch.equal(p_eager.grad, p_compiled.grad)
     torch.optim.SGD(compiled_model.parameters(), lr=0.1).step()  # the next compiled step sees new weights

@@ -333,6 +333,34 @@ def test_torch_compile_fullgraph_training_step_matches_eager():
     assert torch.isfinite(loss)
 
 
+def test_torch_compile_fullgraph_with_stochastic_rounding_draws_what_eager_draws(monkeypatch):
+    """The compiled step (which takes the device's default random state when it is traced, here made then) draws
+    fresh bits each step, the bits eager steps draw from the same state: gradients equal step by step."""
+    monkeypatch.setattr(fp4gen.RNGState, "_defaults", {})  # no default state yet
+    recipe = fp4gen.Recipe(stochastic_rounding=True)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        models.append(torch.nn.Sequential(fp4gen.nn.Linear(64, 128, recipe=recipe), torch.nn.GELU(),
+                                          fp4gen.nn.Linear(128, 32, recipe=recipe)))
+    eager, compiled_model = models
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")  # any graph break raises
+    xs = [torch.randn(32, 64) for _ in range(3)]
+    grads = {}
+    for name, model in (("compiled", compiled), ("eager", eager)):
+        torch.manual_seed(2026)
+        if name == "eager":
+            fp4gen.RNGState.default("cpu").reset()  # the stream the compiled steps drew from, from its start
+        grads[name] = []
+        for x in xs:
+            model.zero_grad()
+            model(x).square().mean().backward()
+            grads[name].append([p.grad.clone() for p in model.parameters()])
+        assert fp4gen.RNGState.default("cpu").tensor.tolist() == [2026, 12]  # 3 steps, 2 layers, 2 offsets
+    for step_compiled, step_eager in zip(grads["compiled"], grads["eager"]):
+        assert all(torch.equal(c, e) for c, e in zip(step_compiled, step_eager))
+
+
 _NO_RNG = torch.empty(0, dtype=torch.int64)
 
 

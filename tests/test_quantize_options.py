@@ -69,6 +69,17 @@ def test_default_state_restarts_when_the_torch_seed_changes():
     assert torch.equal(a.data, c.data) and not torch.equal(a.data, b.data)
 
 
+def test_default_state_restarts_in_place():
+    # the same object and tensor, restarted: a compiled step that holds the tensor follows the new seed
+    torch.manual_seed(41)
+    state = fp4gen.RNGState.default("cpu")
+    tensor = state.tensor
+    state.advance()
+    torch.manual_seed(42)
+    assert fp4gen.RNGState.default("cpu") is state and state.tensor is tensor
+    assert tensor.tolist() == [42, 0]
+
+
 def test_stochastic_rounding_is_unbiased():
     # the mean of many independent roundings converges to the block-scaled value x * r: compare the
     # dequantized mean with x, per element, within a few standard errors of the two-point distribution
