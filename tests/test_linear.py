@@ -333,32 +333,38 @@ def test_torch_compile_fullgraph_training_step_matches_eager():
     assert torch.isfinite(loss)
 
 
-def test_torch_compile_fullgraph_with_stochastic_rounding_draws_what_eager_draws(monkeypatch):
-    """The compiled step (which takes the device's default random state when it is traced, here made then) draws
-    fresh bits each step, the bits eager steps draw from the same state: gradients equal step by step."""
-    monkeypatch.setattr(fp4gen.RNGState, "_defaults", {})  # no default state yet
+def check_compiled_stochastic_steps(device, backend, dtype):
+    """The compiled step (which takes the device's default random state when it is traced, made then if the caller
+    cleared the default states) draws fresh bits each step, the bits eager steps draw from the same state:
+    gradients equal step by step."""
     recipe = fp4gen.Recipe(stochastic_rounding=True)
     models = []
     for _ in range(2):
         torch.manual_seed(3)
-        models.append(torch.nn.Sequential(fp4gen.nn.Linear(64, 128, recipe=recipe), torch.nn.GELU(),
-                                          fp4gen.nn.Linear(128, 32, recipe=recipe)))
+        models.append(torch.nn.Sequential(fp4gen.nn.Linear(64, 128, recipe=recipe, device=device, dtype=dtype),
+                                          torch.nn.GELU(),
+                                          fp4gen.nn.Linear(128, 32, recipe=recipe, device=device, dtype=dtype)))
     eager, compiled_model = models
-    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")  # any graph break raises
-    xs = [torch.randn(32, 64) for _ in range(3)]
+    compiled = torch.compile(compiled_model, fullgraph=True, backend=backend)  # any graph break raises
+    xs = [torch.randn(32, 64, device=device, dtype=dtype) for _ in range(3)]
     grads = {}
     for name, model in (("compiled", compiled), ("eager", eager)):
         torch.manual_seed(2026)
         if name == "eager":
-            fp4gen.RNGState.default("cpu").reset()  # the stream the compiled steps drew from, from its start
+            fp4gen.RNGState.default(device).reset()  # the stream the compiled steps drew from, from its start
         grads[name] = []
         for x in xs:
             model.zero_grad()
-            model(x).square().mean().backward()
+            model(x).float().square().mean().backward()
             grads[name].append([p.grad.clone() for p in model.parameters()])
-        assert fp4gen.RNGState.default("cpu").tensor.tolist() == [2026, 12]  # 3 steps, 2 layers, 2 offsets
+        assert fp4gen.RNGState.default(device).tensor.tolist() == [2026, 12]  # 3 steps, 2 layers, 2 offsets
     for step_compiled, step_eager in zip(grads["compiled"], grads["eager"]):
         assert all(torch.equal(c, e) for c, e in zip(step_compiled, step_eager))
+
+
+def test_torch_compile_fullgraph_with_stochastic_rounding_draws_what_eager_draws(monkeypatch):
+    monkeypatch.setattr(fp4gen.RNGState, "_defaults", {})  # no default state yet: the trace makes it
+    check_compiled_stochastic_steps("cpu", "aot_eager", torch.float32)
 
 
 _NO_RNG = torch.empty(0, dtype=torch.int64)

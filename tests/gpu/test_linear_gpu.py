@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import fp4gen
-from test_linear import (RECIPES, TOKEN_SHAPES, check_a_second_backward_raises, check_token_count_off_the_block,
-                         emulate, rel)
+from test_linear import (RECIPES, TOKEN_SHAPES, check_a_second_backward_raises, check_compiled_stochastic_steps,
+                         check_token_count_off_the_block, emulate, rel)
 
 pytestmark = pytest.mark.gpu
 
@@ -36,6 +36,12 @@ def test_a_second_backward_through_the_layer_raises_on_gpu():
     check_a_second_backward_raises(fp4gen.nn.Linear(64, 32, device="cuda", dtype=torch.bfloat16),
                                    torch.randn(32, 64, device="cuda", dtype=torch.bfloat16),
                                    message="fp4gen.nn.Linear: trying to differentiate twice")
+
+
+def test_torch_compile_fullgraph_with_stochastic_rounding_draws_what_eager_draws_on_gpu(monkeypatch):
+    # inductor, bf16: the compiled step's kernels are the separate calls' (custom ops); eager runs the launcher's step
+    monkeypatch.setattr(fp4gen.RNGState, "_defaults", {})
+    check_compiled_stochastic_steps("cuda", "inductor", torch.bfloat16)
 
 
 def test_training_step_in_a_cuda_graph():
