@@ -80,6 +80,26 @@ def test_default_state_restarts_in_place():
     assert tensor.tolist() == [42, 0]
 
 
+def test_stochastic_quantize_under_torch_compile_draws_from_the_default_state():
+    # the compiled calls (the default state's lookup breaks the graph: it reads torch.initial_seed()) draw what eager
+    # calls draw, fresh bits each call
+    def codes(x):
+        q = fp4gen.quantize(x, "tensor", rounding="stochastic")
+        return q.rowwise.data, q.columnwise.data
+
+    compiled = torch.compile(codes, backend="aot_eager")
+    x = torch.randn(32, 64)
+    torch.manual_seed(77)
+    draws = {}
+    for name, fn in (("compiled", compiled), ("eager", codes)):
+        fp4gen.RNGState.default("cpu").reset()
+        draws[name] = [fn(x) for _ in range(2)]
+        assert fp4gen.RNGState.default("cpu").offset.item() == 4
+    for got, want in zip(draws["compiled"], draws["eager"]):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not torch.equal(draws["compiled"][0][0], draws["compiled"][1][0])  # fresh bits each call
+
+
 def test_stochastic_rounding_is_unbiased():
     # the mean of many independent roundings converges to the block-scaled value x * r: compare the
     # dequantized mean with x, per element, within a few standard errors of the two-point distribution
