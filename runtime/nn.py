@@ -295,6 +295,8 @@ class Linear(torch.nn.Linear):
 
     def _quantize_weight(self, ops, w):
         recipe = self.recipe
+        if w.stride(-1) != 1:  # a weight assigned as a transposed view: the CUDA kernels read contiguous rows
+            w = w.contiguous()
         return ops.quantize(w, "tensor", list(recipe.weight_block), True, True, "nearest", False,
                             recipe.weight_four_over_six, _no_rng(w))
 

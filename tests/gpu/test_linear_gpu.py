@@ -44,6 +44,24 @@ def test_torch_compile_fullgraph_with_stochastic_rounding_draws_what_eager_draws
     check_compiled_stochastic_steps("cuda", "inductor", torch.bfloat16)
 
 
+def test_a_weight_assigned_as_a_transposed_view_trains_as_its_contiguous_copy():
+    torch.manual_seed(9)
+    w = torch.randn(64, 32, device="cuda", dtype=torch.bfloat16)
+    layers = [fp4gen.nn.Linear(64, 32, bias=False, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    layers[0].weight = torch.nn.Parameter(w.t())  # strides (1, 32)
+    layers[1].weight = torch.nn.Parameter(w.t().contiguous())
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(32, 32, device="cuda", dtype=torch.bfloat16)
+    outputs = []
+    for layer in layers:
+        xg = x.clone().requires_grad_()
+        y = layer(xg)
+        y.backward(dy)
+        outputs.append((y, xg.grad, layer.weight.grad))
+    for got, want in zip(*outputs):
+        assert torch.equal(got, want)
+
+
 def test_training_step_in_a_cuda_graph():
     torch.manual_seed(1)
     model = torch.nn.Sequential(fp4gen.nn.Linear(128, 256, device="cuda", dtype=torch.bfloat16), torch.nn.GELU(),
