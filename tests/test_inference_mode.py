@@ -42,7 +42,6 @@ def _check_steps_equal(first, second, x, dy, *extra):
     for name, g, w in zip(("Y", "dX", "dW", "db"), got, want):
         assert torch.equal(g, w), name
     assert torch.equal(y_rollout, got[0])  # the rollout's Y is the training forward's
-    return got
 
 
 def check_linear_training_after_an_inference_pass(recipe, device):
@@ -50,7 +49,6 @@ def check_linear_training_after_an_inference_pass(recipe, device):
                                                     recipe=RECIPES[recipe]))
     x = torch.randn(32, 64, device=device, dtype=torch.bfloat16)
     dy = torch.randn(32, 48, device=device, dtype=torch.bfloat16)
-    key = None
     with torch.inference_mode():
         first(x)
         key = first._weight_cache[0]
