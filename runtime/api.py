@@ -37,6 +37,19 @@ def choose_backend(device: torch.device, backend: str | None) -> str:
     return backend
 
 
+def refuse_function_transforms(caller: str) -> None:
+    """Raise a clear error for a call made inside a torch.func transform (torch.func.grad, vmap, jacrev, ...).
+    fp4gen's kernels read tensors' memory, and there the transform's wrapped tensors (and even the results of
+    ops on plain tensors) have no storage of their own, so the call would otherwise fail deep inside ("Cannot
+    access data pointer of Tensor that doesn't have storage"). torch.func.functional_call by itself is no
+    transform and works. (torch.compile traces the check without a graph break.)"""
+    if torch._C._functorch.maybe_current_level() is not None:
+        raise RuntimeError(f"{caller} does not run under torch.func transforms (grad, vmap, jacrev, ...): its NVFP4 "
+                           f"kernels read the tensors' memory, which the transforms' tensors do not expose. Take "
+                           f"gradients with torch.autograd instead (loss.backward() or torch.autograd.grad); "
+                           f"torch.func.functional_call without a transform works")
+
+
 _cuda = None
 
 
@@ -110,6 +123,7 @@ def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"x.dtype is {x.dtype}; fp4gen.quantize takes {dtype_names(INPUT_DTYPES)}")
+    refuse_function_transforms("fp4gen.quantize")
     if scaling not in SCALINGS:
         raise ValueError(f"scaling={scaling!r} is not supported; choose one of {', '.join(map(repr, SCALINGS))}")
     block = _block_pair(block)

@@ -86,6 +86,7 @@ def quantize_grouped(x: torch.Tensor, offsets, scaling: str = "row", block=(1, 1
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in api.INPUT_DTYPES:
         raise TypeError(f"x.dtype is {x.dtype}; fp4gen.quantize_grouped takes {api.dtype_names(api.INPUT_DTYPES)}")
+    api.refuse_function_transforms("fp4gen.quantize_grouped")
     if scaling not in api.SCALINGS:
         raise ValueError(f"scaling={scaling!r} is not supported; choose 'row' or 'tensor'")
     block = api._block_pair(block)

@@ -17,6 +17,7 @@ from torch.autograd.function import once_differentiable
 
 from . import grouped_torch_ops
 from . import nn as _nn
+from .api import refuse_function_transforms
 from .formats import BLOCK
 from .grouped import group_offsets
 from .lasting import made_to_last
@@ -163,6 +164,7 @@ def grouped_linear(x: torch.Tensor, offsets, weight: torch.Tensor, bias: torch.T
     that another module owns (check_stacked_weight's rules hold for it). x is cast to the autocast dtype under
     torch.autocast, else it must have the weight's dtype; offsets are the cumulative group ends (a tensor on
     x's device, never read on the host, or a host list)."""
+    refuse_function_transforms("fp4gen.nn.GroupedLinear")
     num_experts, out_features, in_features = weight.shape
     if x.dim() != 2 or x.shape[1] != in_features:
         raise ValueError(f"x has shape {tuple(x.shape)}; the grouped layer takes tokens [T, {in_features}] "

@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import torch_ops
-from .api import INPUT_DTYPES, choose_backend, dtype_names
+from .api import INPUT_DTYPES, choose_backend, dtype_names, refuse_function_transforms
 from .formats import BLOCK
 from .lasting import made_to_last
 from .recipe import Recipe
@@ -323,6 +323,7 @@ class Linear(torch.nn.Linear):
             raise ValueError(f"input has {x.shape[-1]} features in its last dimension; this layer takes "
                              f"in_features={self.in_features}")
         weight, bias, recipe = self.weight, self.bias, self.recipe  # each a module attribute lookup: fetched once
+        refuse_function_transforms("fp4gen.nn.Linear")
         x = _as(x, self._compute_dtype(x, weight))  # autocast's cast, differentiable
         # [tokens, in_features]: what the quantization and the GEMMs see (a 2-D x is used as it is: no view)
         x2d = x if x.dim() == 2 else x.reshape(-1, self.in_features)
