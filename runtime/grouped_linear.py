@@ -95,6 +95,11 @@ def _group_sums(dy: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return sums.index_add_(0, group, dy.float())
 
 
+# The attribute under which a module that does not own its stacked weights (fp4gen.hf_experts' experts) keeps their
+# StackedWeightCaches: a dict, parameter name -> cache (what fp4gen.nn.clear_weight_caches clears).
+MODULE_CACHES = "_fp4gen_weight_caches"
+
+
 class StackedWeightCache:
     """The quantized copies (rowwise and columnwise triples, one amax per expert) of one stacked [E, out, in] weight,
     kept until the weight changes: its version counter, an optimizer step anywhere in the process, its storage,

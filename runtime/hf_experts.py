@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .grouped_linear import StackedWeightCache, check_stacked_weight, grouped_linear
+from .grouped_linear import MODULE_CACHES, StackedWeightCache, check_stacked_weight, grouped_linear
 from .recipe import Recipe
 
 NAME = "fp4gen"
@@ -116,14 +116,15 @@ _TRACED_CACHES = {False: StackedWeightCache(False), True: StackedWeightCache(Tru
 
 def _weight_cache(experts: torch.nn.Module, name: str, transposed: bool) -> StackedWeightCache:
     """The experts module's cache of parameter `name`'s quantized copies, made at its first eager call."""
-    caches = getattr(experts, "_fp4gen_weight_caches", None)
+    caches = getattr(experts, MODULE_CACHES, None)
     cache = caches.get(name) if caches is not None else None
     if cache is not None and cache.transposed == transposed:
         return cache
     if torch.compiler.is_compiling():
         return _TRACED_CACHES[transposed]
     if caches is None:
-        caches = experts._fp4gen_weight_caches = {}
+        caches = {}
+        setattr(experts, MODULE_CACHES, caches)
     cache = caches[name] = StackedWeightCache(transposed)
     return cache
 

@@ -212,8 +212,9 @@ class Linear(torch.nn.Linear):
 
     The quantized weight (and the bias, converted to the fp32 that the forward GEMM's epilogue adds) is
     reused until its version counter moves or any torch.optim optimizer steps. A change that neither sees
-    (an in-place edit through `weight.data` outside an optimizer) needs `clear_weight_cache()`. A weight
-    quantized under torch.inference_mode (a rollout) is kept as a normal tensor: the next training step reuses it.
+    (an in-place edit through `weight.data`, a torch.distributed broadcast into the weight) needs
+    `clear_weight_cache()`, or fp4gen.nn.clear_weight_caches(model) for a whole model. A weight quantized
+    under torch.inference_mode (a rollout) is kept as a normal tensor: the next training step reuses it.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: Recipe | None = None,
@@ -398,3 +399,27 @@ class Linear(torch.nn.Linear):
 
 
 from .grouped_linear import GroupedLinear  # noqa: E402  (it builds on this module's state)
+from .grouped_linear import MODULE_CACHES  # noqa: E402
+
+
+def clear_weight_caches(module: torch.nn.Module) -> int:
+    """Forget every cached weight quantization in `module` and its submodules: fp4gen.nn.Linear's and
+    GroupedLinear's (quantized weight, fp32 bias) and those of experts run by fp4gen.hf_experts. Each is made
+    again at its next call. Returns how many caches it found: one a layer, one an expert weight.
+
+    The caches notice changes made through the parameters (their version counters) and optimizer steps. Call
+    this after changing weights in a way they cannot see: in-place writes through `.data` (for example
+    `ref.data.mul_(1 - a).add_(p.data, alpha=a)`, a reference model's sync), torch.distributed collectives into
+    the parameters (broadcast and all_reduce move no version counter), or another library's kernels writing into
+    the parameters' memory."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"clear_weight_caches takes a torch.nn.Module, got {type(module).__name__}")
+    cleared = 0
+    for m in module.modules():
+        if isinstance(m, (Linear, GroupedLinear)):
+            m.clear_weight_cache()
+            cleared += 1
+        for cache in getattr(m, MODULE_CACHES, {}).values():
+            cache.clear()
+            cleared += 1
+    return cleared

@@ -182,6 +182,23 @@ def test_model_trains_under_autocast_and_requantizes_after_each_step():
     assert losses[-1] < losses[0] - 0.1, losses
 
 
+def test_clear_weight_caches_reaches_the_experts():
+    """After a write through .data (no version counter moves), fp4gen.nn.clear_weight_caches forgets the experts'
+    quantized weights too, and the model computes with the new weights."""
+    model = tiny_moe("qwen3")
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        for layer in model.model.layers:
+            layer.mlp.experts.gate_up_proj.data.mul_(-1.0)
+        assert torch.equal(model(input_ids=ids).logits, before)  # the caches still hold the old weights
+        assert fp4gen.nn.clear_weight_caches(model) == 2 * len(model.model.layers)  # gate_up_proj, down_proj
+        after = model(input_ids=ids).logits
+        twin = tiny_moe("qwen3", seed=5)
+        twin.load_state_dict(model.state_dict())
+        assert not torch.equal(after, before) and torch.equal(after, twin(input_ids=ids).logits)
+
+
 def test_unsupported_experts_raise():
     model = tiny_moe("qwen3")
     experts = experts_of(model)

@@ -217,6 +217,48 @@ def test_weight_quantization_is_cached_until_the_weight_changes():
     assert torch.equal(layer._weight_cache[1][0], qw.rowwise.data)
 
 
+class _TwoLayers(torch.nn.Module):
+    """A dense layer inside a container and an experts layer: what clear_weight_caches walks."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(fp4gen.nn.Linear(64, 64), torch.nn.ReLU())
+        self.experts = fp4gen.nn.GroupedLinear(2, 64, 64, bias=True)
+
+    def forward(self, x):
+        return self.experts(self.blocks(x), torch.tensor([16, 32]))
+
+
+def _fresh_twin(model):
+    twin = _TwoLayers()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def test_weight_changes_the_caches_cannot_see_need_clear_weight_caches():
+    """Writes through .data move no version counter of the parameter: the layers keep computing with the quantization
+    of the old weights (documented), until fp4gen.nn.clear_weight_caches forgets it."""
+    torch.manual_seed(9)
+    model, source = _TwoLayers(), _TwoLayers()
+    x = torch.randn(32, 64)
+    before = model(x)
+    # a reference model's sync in RL, target.data.mul_(1 - a).add_(source.data, alpha=a), on the weights
+    for (name, target), p in zip(model.named_parameters(), source.parameters()):
+        if name.endswith("weight"):
+            target.data.mul_(0.5).add_(p.data, alpha=0.5)
+    expected = _fresh_twin(model)(x)
+    assert not torch.equal(expected, before)
+    assert torch.equal(model(x), before)  # stale: what the docs warn about
+    assert fp4gen.nn.clear_weight_caches(model) == 2
+    assert torch.equal(model(x), expected)
+
+
+def test_clear_weight_caches_takes_a_module():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        fp4gen.nn.clear_weight_caches([fp4gen.nn.Linear(16, 16)])
+    assert fp4gen.nn.clear_weight_caches(torch.nn.Linear(16, 16)) == 0
+
+
 def test_epilogue_bias_is_cached_until_the_bias_changes():
     torch.manual_seed(4)
     layer = fp4gen.nn.Linear(32, 16)
