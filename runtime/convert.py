@@ -166,7 +166,7 @@ def unconvert(model: torch.nn.Module, skip=None) -> ConversionReport:
             report.skipped.append((names[0], reason))
             continue
         module.__class__ = torch.nn.Linear
-        for attr in ("recipe", "accumulate_main_grad", "_weight_cache"):
+        for attr in ("recipe", "accumulate_main_grad", "_weight_cache", "_bias_cache"):
             delattr(module, attr)
         report.converted.append(names[0])
     return report

@@ -11,6 +11,7 @@ synchronizes nor depends on the routing when captured in a CUDA graph. Forward s
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -120,6 +121,12 @@ class StackedWeightCache:
     def clear(self) -> None:
         self.entry = None
 
+    def __getstate__(self):  # pickled without the entry, whose weak reference no pickle takes
+        return None, {"transposed": self.transposed}
+
+    def __setstate__(self, state) -> None:
+        self.entry, self.transposed = None, state[1]["transposed"]
+
     def get(self, weight: torch.Tensor, recipe: Recipe):
         w = weight.detach()
         if self.transposed:
@@ -128,9 +135,10 @@ class StackedWeightCache:
         if _nn.traced_or_captured(w):
             return self._copies(_quantize_stacked(ops, w, recipe))
         key = (weight._version, _nn._optimizer_steps, w.data_ptr(), w.dtype, w.device, recipe)
-        if self.entry is None or self.entry[0] != key:
+        if not _nn.cache_holds(self.entry, key, weight):
             # kept for training steps after an inference pass
-            self.entry = (key, *self._copies(made_to_last(_quantize_stacked, ops, w, recipe)))
+            self.entry = (key, *self._copies(made_to_last(_quantize_stacked, ops, w, recipe)),
+                          weakref.ref(_nn.cache_anchor(weight)))
         return self.entry[1], self.entry[2]
 
     def _copies(self, q) -> tuple:

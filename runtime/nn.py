@@ -22,6 +22,8 @@ bias gradients come back in the parameters' dtypes.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.autograd.function import once_differentiable
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -61,6 +63,22 @@ def traced_or_captured(t: torch.Tensor) -> bool:
 def e4m3_max_of(four_over_six) -> float:
     """The e4m3_max of an operand quantized with this four_over_six argument."""
     return 448.0 if four_over_six is None else 256.0
+
+
+def cache_holds(entry, key: tuple, t: torch.Tensor) -> bool:
+    """Whether a cache entry, (key, ..., weak reference to the tensor it was made from), was made from t as t is now.
+
+    The key holds t's version counter, the optimizer steps and t's address, and an address is reused once its
+    tensor is freed: a new tensor there (a weight passed through torch.func.functional_call, a reassigned
+    parameter) with as many version bumps would match the key alone and get the old tensor's conversion. So the
+    entry must also come from this very tensor object, or, for a view, the tensor it views (a transposed expert
+    weight is a new view each call). The reference is weak: a cache never keeps a replaced weight alive."""
+    return entry is not None and entry[0] == key and entry[-1]() is cache_anchor(t)
+
+
+def cache_anchor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor object whose identity a cache entry of t records (cache_holds): t, or the tensor t is a view of."""
+    return t._base if t._base is not None else t
 
 
 # Every optimizer step in the process, whatever the optimizer, invalidates cached weight quantizations.
@@ -265,6 +283,13 @@ class Linear(torch.nn.Linear):
         self._weight_cache = None
         self._bias_cache = None
 
+    def __getstate__(self) -> dict:
+        """Pickled (torch.save of the whole module, multiprocessing) without the caches, which hold weak
+        references (no pickle takes them); the loaded layer makes them again at its first forward."""
+        state = self.__dict__.copy()
+        state["_weight_cache"] = state["_bias_cache"] = None
+        return state
+
     def _quantized_weight(self, ops, weight: torch.Tensor, in_graph: bool):
         """(rowwise, columnwise) triples of W, per tensor. Cached on the weight's version counter in eager
         mode; in_graph (torch.compile tracing or CUDA-graph capture: traced_or_captured) makes the
@@ -274,9 +299,9 @@ class Linear(torch.nn.Linear):
             q = self._quantize_weight(ops, w)
             return q[:3], q[3:]
         key = (weight._version, _optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
-        if self._weight_cache is None or self._weight_cache[0] != key:
+        if not cache_holds(self._weight_cache, key, weight):
             q = made_to_last(self._quantize_weight, ops, w)  # kept for training steps after an inference pass
-            self._weight_cache = (key, q[:3], q[3:])
+            self._weight_cache = (key, q[:3], q[3:], weakref.ref(cache_anchor(weight)))
         return self._weight_cache[1], self._weight_cache[2]
 
     def _epilogue_bias(self, bias, y_dtype: torch.dtype, in_graph: bool):
@@ -290,8 +315,8 @@ class Linear(torch.nn.Linear):
         if in_graph:
             return _fp32_bias(b, y_dtype)
         key = (bias._version, _optimizer_steps, b.data_ptr(), b.dtype, b.device, y_dtype)
-        if self._bias_cache is None or self._bias_cache[0] != key:
-            self._bias_cache = (key, made_to_last(_fp32_bias, b, y_dtype))
+        if not cache_holds(self._bias_cache, key, bias):
+            self._bias_cache = (key, made_to_last(_fp32_bias, b, y_dtype), weakref.ref(cache_anchor(bias)))
         return self._bias_cache[1]
 
     def _quantize_weight(self, ops, w):

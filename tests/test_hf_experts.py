@@ -182,6 +182,20 @@ def test_model_trains_under_autocast_and_requantizes_after_each_step():
     assert losses[-1] < losses[0] - 0.1, losses
 
 
+@pytest.mark.parametrize("kind", ["qwen3", "gpt_oss"])
+def test_unchanged_expert_weights_are_quantized_once(kind):
+    """gpt-oss stores its experts [E, in, out] and each call multiplies a new transposed view: the cache is tied to
+    the stored parameter, so an unchanged weight is still quantized once."""
+    model = tiny_moe(kind)
+    experts = experts_of(model)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        first = model(input_ids=ids).logits
+        cached = experts._fp4gen_weight_caches["gate_up_proj"].entry
+        assert torch.equal(model(input_ids=ids).logits, first)
+    assert experts._fp4gen_weight_caches["gate_up_proj"].entry is cached
+
+
 def test_clear_weight_caches_reaches_the_experts():
     """After a write through .data (no version counter moves), fp4gen.nn.clear_weight_caches forgets the experts'
     quantized weights too, and the model computes with the new weights."""

@@ -1,6 +1,9 @@
 """fp4gen.nn.Linear on the reference backend (CPU) against an NVFP4 emulation in float64."""
+import copy
+
 import pytest
 import torch
+from torch.func import functional_call
 
 import fp4gen
 from fp4gen.formats import NVFP4Data
@@ -251,6 +254,48 @@ def test_weight_changes_the_caches_cannot_see_need_clear_weight_caches():
     assert torch.equal(model(x), before)  # stale: what the docs warn about
     assert fp4gen.nn.clear_weight_caches(model) == 2
     assert torch.equal(model(x), expected)
+
+
+def _weight_over(storage) -> torch.Tensor:
+    """A new [32, 64] fp32 tensor object over `storage`: a new weight at the address of earlier ones."""
+    return torch.empty(0).set_(storage, 0, (32, 64), (64, 1))
+
+
+def test_a_new_weight_at_an_earlier_weights_address_is_quantized_afresh():
+    """torch.func.functional_call with a fresh weight each call: once an earlier weight is freed, a new one can lie at
+    its address with as many version bumps, which the cache key alone cannot tell apart (the allocator gave 8 wrong
+    results in 20 such calls before the cache also recorded which tensor object it was made from). Here the address
+    and the version count are the same by construction."""
+    torch.manual_seed(10)
+    layer = fp4gen.nn.Linear(64, 32, bias=False)
+    x = torch.randn(32, 64)
+    storage = torch.randn(32 * 64).untyped_storage()
+    first = _weight_over(storage)
+    functional_call(layer, {"weight": first}, (x,))
+    address, version = first.data_ptr(), first._version
+    del first
+    storage.copy_(torch.randn(32 * 64).untyped_storage())  # other values in the same memory
+    second = _weight_over(storage)
+    assert (second.data_ptr(), second._version) == (address, version)
+    twin = fp4gen.nn.Linear(64, 32, bias=False)
+    with torch.no_grad():
+        twin.weight.copy_(second)
+    assert torch.equal(functional_call(layer, {"weight": second}, (x,)), twin(x))
+
+
+def test_whole_layers_pickle_without_their_caches(tmp_path):
+    """torch.save of whole modules (not state dicts): the caches hold weak references, which no pickle takes, so
+    layers pickle without them and make them again."""
+    torch.manual_seed(11)
+    model = _TwoLayers()
+    x = torch.randn(32, 64)
+    expected = model(x)  # fills every cache
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert loaded.blocks[0]._weight_cache is None and loaded.experts._weight_cache.entry is None
+    assert torch.equal(loaded(x), expected)
+    copied = copy.deepcopy(model)
+    assert torch.equal(copied(x), expected)
 
 
 def test_clear_weight_caches_takes_a_module():
