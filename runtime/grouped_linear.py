@@ -112,7 +112,7 @@ class StackedWeightCache:
     rowwise quantization of the transpose, with the same per-expert amax, for 1x16 and 16x16 blocks alike, so the
     bytes are those of the [E, out, in] weight's own copies, without a transposed copy of the weight."""
 
-    __slots__ = ("entry", "transposed")
+    __slots__ = ("entry", "transposed", "__weakref__")  # weak references: nn._CACHE_HOLDERS
 
     def __init__(self, transposed: bool = False):
         self.entry = None
@@ -120,6 +120,8 @@ class StackedWeightCache:
 
     def clear(self) -> None:
         self.entry = None
+
+    clear_weight_cache = clear  # the name fp4gen.nn's optimizer-step hook calls
 
     def __getstate__(self):  # pickled without the entry, whose weak reference no pickle takes
         return None, {"transposed": self.transposed}
@@ -139,6 +141,7 @@ class StackedWeightCache:
             # kept for training steps after an inference pass
             self.entry = (key, *self._copies(made_to_last(_quantize_stacked, ops, w, recipe)),
                           weakref.ref(_nn.cache_anchor(weight)))
+            _nn._CACHE_HOLDERS.add(self)
         return self.entry[1], self.entry[2]
 
     def _copies(self, q) -> tuple:

@@ -26,7 +26,7 @@ import weakref
 
 import torch
 from torch.autograd.function import once_differentiable
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import torch_ops
 from .api import INPUT_DTYPES, choose_backend, dtype_names, refuse_function_transforms
@@ -92,6 +92,20 @@ def _count_optimizer_step(optimizer, args, kwargs):
     _optimizer_steps += 1
 
 
+# The layers (and stacked-weight caches) that hold a cached quantization now.
+_CACHE_HOLDERS = weakref.WeakSet()
+
+
+def _drop_weight_caches(optimizer, args, kwargs):
+    """Before every optimizer step, forget every cached quantization: the step makes each one stale anyway (the count
+    of steps is part of every key), and dropped here their memory (about 1.1 bytes a weight parameter: both copies)
+    is free for the optimizer's own peak instead of held until each layer's next forward."""
+    for holder in list(_CACHE_HOLDERS):
+        holder.clear_weight_cache()
+    _CACHE_HOLDERS.clear()
+
+
+register_optimizer_step_pre_hook(_drop_weight_caches)
 register_optimizer_step_post_hook(_count_optimizer_step)
 
 
@@ -302,6 +316,7 @@ class Linear(torch.nn.Linear):
         if not cache_holds(self._weight_cache, key, weight):
             q = made_to_last(self._quantize_weight, ops, w)  # kept for training steps after an inference pass
             self._weight_cache = (key, q[:3], q[3:], weakref.ref(cache_anchor(weight)))
+            _CACHE_HOLDERS.add(self)
         return self._weight_cache[1], self._weight_cache[2]
 
     def _epilogue_bias(self, bias, y_dtype: torch.dtype, in_graph: bool):
@@ -317,6 +332,7 @@ class Linear(torch.nn.Linear):
         key = (bias._version, _optimizer_steps, b.data_ptr(), b.dtype, b.device, y_dtype)
         if not cache_holds(self._bias_cache, key, bias):
             self._bias_cache = (key, made_to_last(_fp32_bias, b, y_dtype), weakref.ref(cache_anchor(bias)))
+            _CACHE_HOLDERS.add(self)
         return self._bias_cache[1]
 
     def _quantize_weight(self, ops, w):

@@ -298,6 +298,27 @@ def test_whole_layers_pickle_without_their_caches(tmp_path):
     assert torch.equal(copied(x), expected)
 
 
+def test_caches_are_dropped_before_an_optimizer_step():
+    """The step makes every cached quantization stale: they are forgotten before it runs, so their memory is free
+    for the optimizer (the caches are made again at the next forward)."""
+    torch.manual_seed(12)
+    model = _TwoLayers()
+    x = torch.randn(32, 64)
+    model(x).sum().backward()
+    dense, experts = model.blocks[0], model.experts
+    assert dense._weight_cache is not None and dense._bias_cache is not None and experts._weight_cache.entry is not None
+    seen = []
+
+    class Watching(torch.optim.SGD):
+        def step(self, closure=None):
+            seen.append((dense._weight_cache, dense._bias_cache, experts._weight_cache.entry))
+            return super().step(closure)
+
+    Watching(model.parameters(), lr=0.1).step()
+    assert seen == [(None, None, None)]
+    assert torch.equal(model(x), _fresh_twin(model)(x))  # the next forward quantizes the new weights
+
+
 def test_clear_weight_caches_takes_a_module():
     with pytest.raises(TypeError, match="torch.nn.Module"):
         fp4gen.nn.clear_weight_caches([fp4gen.nn.Linear(16, 16)])
