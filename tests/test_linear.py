@@ -319,6 +319,36 @@ def test_caches_are_dropped_before_an_optimizer_step():
     assert torch.equal(model(x), _fresh_twin(model)(x))  # the next forward quantizes the new weights
 
 
+def test_caches_dropped_after_each_forward_change_no_result():
+    """The recipe docs give for FSDP2 (a forward hook that clears the caches): losses bit for bit those of a run that
+    keeps them, with no cache left after any forward."""
+
+    def drop_weight_caches(module, args, output):
+        fp4gen.nn.clear_weight_caches(module)
+
+    def train(hook: bool):
+        torch.manual_seed(13)
+        model = _TwoLayers()
+        if hook:
+            model.register_forward_hook(drop_weight_caches)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        x = torch.randn(32, 64)
+        losses, left = [], []
+        for _ in range(3):
+            for _ in range(2):  # two micro-batches a step: the second would reuse the caches
+                loss = model(x).square().mean()
+                left.append(model.blocks[0]._weight_cache is not None or model.experts._weight_cache.entry is not None)
+                loss.backward()
+                losses.append(loss.item())
+            opt.step()
+            opt.zero_grad()
+        return losses, left
+
+    (kept, kept_left), (dropped, dropped_left) = train(False), train(True)
+    assert all(kept_left) and not any(dropped_left)
+    assert dropped == kept and kept[-1] < kept[0]
+
+
 def test_clear_weight_caches_takes_a_module():
     with pytest.raises(TypeError, match="torch.nn.Module"):
         fp4gen.nn.clear_weight_caches([fp4gen.nn.Linear(16, 16)])
