@@ -98,7 +98,7 @@ _CACHE_HOLDERS = weakref.WeakSet()
 
 def _drop_weight_caches(optimizer, args, kwargs):
     """Before every optimizer step, forget every cached quantization: the step makes each one stale anyway (the count
-    of steps is part of every key), and dropped here their memory (about 1.1 bytes a weight parameter: both copies)
+    of steps is part of every key), and dropped here their memory (about a byte a weight parameter: both copies)
     is free for the optimizer's own peak instead of held until each layer's next forward."""
     for holder in list(_CACHE_HOLDERS):
         holder.clear_weight_cache()
