@@ -3,6 +3,7 @@
 biases). Each expert projection must equal fp4gen.nn.GroupedLinear over the same weights and tokens, grouped here
 without the implementation's sort; the routing must be the model's own (close to its fp32 experts, far from a
 wrong routing); the quantized weights must be reused until an optimizer step."""
+import copy
 import importlib.util
 from pathlib import Path
 
@@ -211,6 +212,35 @@ def test_clear_weight_caches_reaches_the_experts():
         twin = tiny_moe("qwen3", seed=5)
         twin.load_state_dict(model.state_dict())
         assert not torch.equal(after, before) and torch.equal(after, twin(input_ids=ids).logits)
+
+
+def test_an_rl_iteration_with_a_reference_model():
+    """What docs/recipes.md's RL section describes, on a tiny Qwen3-MoE converted whole: rollouts generated under
+    inference mode, a training step of the policy, then a reference model synced through .data (as TRL's
+    sync_ref_model does): stale until its caches are cleared, then computing with the synced weights."""
+    policy = tiny_moe("qwen3")
+    fp4gen.convert(policy, skip="lm_head")
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    prompts = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        rollouts = policy.generate(prompts, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        reference_before = reference(input_ids=rollouts).logits
+    rollouts = rollouts.clone()  # an inference tensor cannot enter autograd
+    loss = policy(input_ids=rollouts, labels=rollouts).loss
+    loss.backward()
+    opt.step()  # drops every cache, the reference's too
+    with torch.no_grad():
+        assert torch.equal(reference(input_ids=rollouts).logits, reference_before)  # caches made again
+    alpha = 0.5
+    for r, p in zip(reference.parameters(), policy.parameters()):
+        r.data.mul_(1 - alpha).add_(p.data, alpha=alpha)
+    with torch.no_grad():
+        twin = copy.deepcopy(reference)  # a copy makes its caches afresh, from the synced weights
+        expected = twin(input_ids=rollouts).logits
+        assert not torch.equal(reference(input_ids=rollouts).logits, expected)  # stale: no step since the sync
+        assert fp4gen.nn.clear_weight_caches(reference) > 0
+        assert torch.equal(reference(input_ids=rollouts).logits, expected)
 
 
 def test_unsupported_experts_raise():
