@@ -214,15 +214,15 @@ def test_clear_weight_caches_reaches_the_experts():
         assert not torch.equal(after, before) and torch.equal(after, twin(input_ids=ids).logits)
 
 
-def test_an_rl_iteration_with_a_reference_model():
+def check_an_rl_iteration_with_a_reference_model(device, dtype):
     """What docs/recipes.md's RL section describes, on a tiny Qwen3-MoE converted whole: rollouts generated under
     inference mode, a training step of the policy, then a reference model synced through .data (as TRL's
     sync_ref_model does): stale until its caches are cleared, then computing with the synced weights."""
-    policy = tiny_moe("qwen3")
+    policy = tiny_moe("qwen3").to(device, dtype)
     fp4gen.convert(policy, skip="lm_head")
     reference = copy.deepcopy(policy).eval().requires_grad_(False)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-    prompts = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(6))
+    prompts = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(6)).to(device)
     with torch.inference_mode():
         rollouts = policy.generate(prompts, max_new_tokens=8, do_sample=False, pad_token_id=0)
         reference_before = reference(input_ids=rollouts).logits
@@ -241,6 +241,10 @@ def test_an_rl_iteration_with_a_reference_model():
         assert not torch.equal(reference(input_ids=rollouts).logits, expected)  # stale: no step since the sync
         assert fp4gen.nn.clear_weight_caches(reference) > 0
         assert torch.equal(reference(input_ids=rollouts).logits, expected)
+
+
+def test_an_rl_iteration_with_a_reference_model():
+    check_an_rl_iteration_with_a_reference_model("cpu", torch.float32)
 
 
 def test_unsupported_experts_raise():

@@ -1,11 +1,13 @@
 """fp4gen.hf_experts on the GPU kernels: tests/test_hf_experts.py's equality with fp4gen.nn.GroupedLinear on CUDA
 (bf16 parameters; [E, out, in] and [E, in, out] weights), with no host synchronization in the experts' forward
-and backward, and a tiny MoE model training under CUDA autocast."""
+and backward, a tiny MoE model training under CUDA autocast, and an RL iteration (generate, train, a reference
+model synced through .data) in bf16."""
 import pytest
 import torch
 
 from conftest import run_without_host_sync
-from test_hf_experts import NEAREST, check_equal_to_grouped_linear_layers, experts_of, routed, tiny_moe
+from test_hf_experts import (NEAREST, check_an_rl_iteration_with_a_reference_model,
+                             check_equal_to_grouped_linear_layers, experts_of, routed, tiny_moe)
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers", minversion="5.0")
@@ -44,3 +46,7 @@ def test_moe_model_trains_under_cuda_autocast():
         opt.zero_grad()
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 0.1, losses
+
+
+def test_an_rl_iteration_with_a_reference_model_on_cuda():
+    check_an_rl_iteration_with_a_reference_model("cuda", torch.bfloat16)
