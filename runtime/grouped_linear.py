@@ -137,12 +137,13 @@ class StackedWeightCache:
         if _nn.traced_or_captured(w):
             return self._copies(_quantize_stacked(ops, w, recipe))
         key = (weight._version, _nn._optimizer_steps, w.data_ptr(), w.dtype, w.device, recipe)
-        if not _nn.cache_holds(self.entry, key, weight):
+        entry = self.entry  # read once: an optimizer step's hook may clear it meanwhile
+        if not _nn.cache_holds(entry, key, weight):
             # kept for training steps after an inference pass
-            self.entry = (key, *self._copies(made_to_last(_quantize_stacked, ops, w, recipe)),
-                          weakref.ref(_nn.cache_anchor(weight)))
+            entry = self.entry = (key, *self._copies(made_to_last(_quantize_stacked, ops, w, recipe)),
+                                  weakref.ref(_nn.cache_anchor(weight)))
             _nn._CACHE_HOLDERS.add(self)
-        return self.entry[1], self.entry[2]
+        return entry[1], entry[2]
 
     def _copies(self, q) -> tuple:
         """(rowwise, columnwise) triples of the [E, out, in] weight."""

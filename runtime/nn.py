@@ -313,11 +313,12 @@ class Linear(torch.nn.Linear):
             q = self._quantize_weight(ops, w)
             return q[:3], q[3:]
         key = (weight._version, _optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
-        if not cache_holds(self._weight_cache, key, weight):
+        entry = self._weight_cache  # read once: an optimizer step's hook may clear the attribute meanwhile
+        if not cache_holds(entry, key, weight):
             q = made_to_last(self._quantize_weight, ops, w)  # kept for training steps after an inference pass
-            self._weight_cache = (key, q[:3], q[3:], weakref.ref(cache_anchor(weight)))
+            entry = self._weight_cache = (key, q[:3], q[3:], weakref.ref(cache_anchor(weight)))
             _CACHE_HOLDERS.add(self)
-        return self._weight_cache[1], self._weight_cache[2]
+        return entry[1], entry[2]
 
     def _epilogue_bias(self, bias, y_dtype: torch.dtype, in_graph: bool):
         """The bias as the fprop GEMM's epilogue adds it, or None: rounded to the GEMM's output dtype (under
@@ -330,10 +331,11 @@ class Linear(torch.nn.Linear):
         if in_graph:
             return _fp32_bias(b, y_dtype)
         key = (bias._version, _optimizer_steps, b.data_ptr(), b.dtype, b.device, y_dtype)
-        if not cache_holds(self._bias_cache, key, bias):
-            self._bias_cache = (key, made_to_last(_fp32_bias, b, y_dtype), weakref.ref(cache_anchor(bias)))
+        entry = self._bias_cache
+        if not cache_holds(entry, key, bias):
+            entry = self._bias_cache = (key, made_to_last(_fp32_bias, b, y_dtype), weakref.ref(cache_anchor(bias)))
             _CACHE_HOLDERS.add(self)
-        return self._bias_cache[1]
+        return entry[1]
 
     def _quantize_weight(self, ops, w):
         recipe = self.recipe
