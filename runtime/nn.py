@@ -13,7 +13,8 @@ Forward saves only NVFP4 copies for backward (X columnwise, W columnwise), never
 The quantized weight is cached while the weight is unchanged: the cache key holds the weight's version
 counter (bumped by every in-place update through the parameter) and a count of optimizer steps taken in
 the process, because FSDP2 refills an unsharded weight after an optimizer step without bumping its
-version counter.
+version counter; an entry also holds a weak reference to the weight it was made from (cache_holds), and every
+cache is dropped just before an optimizer step. clear_weight_caches covers changes none of these can see.
 
 Under torch.autocast the layer computes in the autocast dtype, as torch.nn.Linear does: the input is cast
 to it, the output has it, and the bias is added in it. The weight is quantized from its own values (fp32
