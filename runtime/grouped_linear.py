@@ -181,7 +181,7 @@ def grouped_linear(x: torch.Tensor, offsets, weight: torch.Tensor, bias: torch.T
     that another module owns (check_stacked_weight's rules hold for it). x is cast to the autocast dtype under
     torch.autocast, else it must have the weight's dtype; offsets are the cumulative group ends (a tensor on
     x's device, never read on the host, or a host list)."""
-    refuse_function_transforms("fp4gen.nn.GroupedLinear")
+    refuse_function_transforms("fp4gen.nn.GroupedLinear (and fp4gen.hf_experts, which runs it)")
     num_experts, out_features, in_features = weight.shape
     if x.dim() != 2 or x.shape[1] != in_features:
         raise ValueError(f"x has shape {tuple(x.shape)}; the grouped layer takes tokens [T, {in_features}] "
