@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .formats import BLOCK
-from .nn import PARAM_DTYPES, Linear
+from .nn import PARAM_DTYPES, Linear, check_keep_quantized_weight
 from .recipe import Recipe
 
 ROOT_NAME = "(model)"  # how the report shows a model that is itself a linear layer
@@ -98,7 +98,8 @@ def _why_not_convertible(module: torch.nn.Module):
     return None
 
 
-def convert(model: torch.nn.Module, recipe: Recipe | None = None, skip=None) -> ConversionReport:
+def convert(model: torch.nn.Module, recipe: Recipe | None = None, skip=None, *,
+            keep_quantized_weight: bool = True) -> ConversionReport:
     """Make every eligible torch.nn.Linear in `model` (the model itself included) an fp4gen.nn.Linear, in place.
 
     Eligible: exactly torch.nn.Linear (not a subclass), in_features and out_features multiples of 16,
@@ -109,10 +110,14 @@ def convert(model: torch.nn.Module, recipe: Recipe | None = None, skip=None) -> 
     "layers.*.mlp.*" (a string is one name); or a predicate skip(name, module) -> bool. Typical use keeps
     the first and last layers in high precision. A name or pattern matching no linear layer is a ValueError.
 
+    keep_quantized_weight: as fp4gen.nn.Linear takes it (False for FSDP2: no quantized weight kept between
+    calls).
+
     Returns a ConversionReport of what was converted and what was skipped, with the reason.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_keep_quantized_weight(keep_quantized_weight)
     if recipe is None:
         recipe = Recipe()
     elif not isinstance(recipe, Recipe):
@@ -126,7 +131,7 @@ def convert(model: torch.nn.Module, recipe: Recipe | None = None, skip=None) -> 
             report.skipped.append((names[0], reason))
             continue
         module.__class__ = Linear
-        module._init_nvfp4(recipe, accumulate_main_grad=False)
+        module._init_nvfp4(recipe, accumulate_main_grad=False, keep_quantized_weight=keep_quantized_weight)
         report.converted.append(names[0])
     note = _experts_note(model)
     if note:
@@ -166,7 +171,8 @@ def unconvert(model: torch.nn.Module, skip=None) -> ConversionReport:
             report.skipped.append((names[0], reason))
             continue
         module.__class__ = torch.nn.Linear
-        for attr in ("recipe", "accumulate_main_grad", "_weight_cache", "_bias_cache"):
-            delattr(module, attr)
+        for attr in ("recipe", "accumulate_main_grad", "keep_quantized_weight", "_weight_cache", "_bias_cache"):
+            if attr in module.__dict__:  # keep_quantized_weight: absent from layers pickled before it existed
+                delattr(module, attr)
         report.converted.append(names[0])
     return report

@@ -40,7 +40,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
     step as opaque operators; each copy's layout, scaling and e4m3_max follow from the recipe."""
 
     @staticmethod
-    def forward(ctx, x, offsets, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad, rng_state):
+    def forward(ctx, x, offsets, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad, rng_state, w_transposed):
         ops = grouped_torch_ops.for_caller()
         x_scaled = recipe.row_scaled_activation
         q = ops.quantize(x, offsets, recipe.activation_scaling, [1, BLOCK], True, need_wgrad, "nearest",
@@ -52,7 +52,12 @@ class _GroupedLinearFunction(torch.autograd.Function):
                      bias.to(y_dtype) if bias is not None else None)
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
-        ctx.save_for_backward(offsets, *q[3:6], *w_col)  # NVFP4 copies only; X's are empty without wgrad
+        # NVFP4 copies of X (empty without wgrad) and W; without a kept W copy (w_col None: keep_quantized_weight
+        # False), the weight itself, quantized again in backward where dgrad needs it
+        ctx.weight_quantized_in_backward, ctx.w_transposed = w_col is None, w_transposed
+        if w_col is None:
+            w_col = (weight,) if ctx.needs_input_grad[0] else ()
+        ctx.save_for_backward(offsets, *q[3:6], *w_col)
         ctx.x_col_meta = _meta("columns", x_scaled, recipe.activation_four_over_six)
         ctx.w_meta, ctx.recipe, ctx.main_grad, ctx.need_wgrad = w_meta, recipe, main_grad, need_wgrad
         ctx.rng_state, ctx.x_dtype, ctx.w_dtype = rng_state, x.dtype, weight.dtype
@@ -65,7 +70,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
     def backward(ctx, dy):
         ops = grouped_torch_ops.for_caller()
         saved = ctx.saved_tensors
-        offsets, x_col, w_col = saved[0], saved[1:4], saved[4:7]
+        offsets, x_col, w_col = saved[0], saved[1:4], saved[4:]
         recipe = ctx.recipe
         dy = dy.contiguous()
         dx = dw = db = None
@@ -74,6 +79,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
                              recipe.gradient_rounding, recipe.hadamard_wgrad and ctx.need_wgrad, None, ctx.rng_state)
             dy_scaled = recipe.gradient_scaling == "row"
             if ctx.needs_x_grad:  # dgrad: dY_g [T_g, N] x (W_g columnwise = W_g.T [K, N])
+                if ctx.weight_quantized_in_backward:
+                    w_col = stacked_copies(ops, w_col[0].detach(), ctx.w_transposed, recipe, rowwise=False)[1]
                 dx = ops.gemm(*q[:3], *w_col, offsets, *_meta("rows", dy_scaled, None), *ctx.w_meta,
                               _nn.GEMM_OUT[ctx.x_dtype]).to(ctx.x_dtype)
             if ctx.need_wgrad:  # wgrad: (dY columnwise [N, C]) x (X columnwise [K, C]), groups along C
@@ -85,7 +92,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
                                   _nn.GEMM_OUT[ctx.w_dtype]).to(ctx.w_dtype)
         if ctx.bias_dtype is not None:
             db = _group_sums(dy, offsets).to(ctx.bias_dtype)
-        return dx, None, dw, db, None, None, None, None, None, None
+        return dx, None, dw, db, None, None, None, None, None, None, None
 
 
 def _group_sums(dy: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -130,29 +137,31 @@ class StackedWeightCache:
         self.entry, self.transposed = None, state[1]["transposed"]
 
     def get(self, weight: torch.Tensor, recipe: Recipe):
+        """(rowwise, columnwise) triples of the [E, out, in] weight, from the cache where it holds them."""
         w = weight.detach()
-        if self.transposed:
-            w = w.transpose(1, 2)  # the stored [E, in, out] parameter
         ops = grouped_torch_ops.for_caller()
         if _nn.traced_or_captured(w):
-            return self._copies(_quantize_stacked(ops, w, recipe))
+            return stacked_copies(ops, w, self.transposed, recipe)
         key = (weight._version, _nn._optimizer_steps, w.data_ptr(), w.dtype, w.device, recipe)
         entry = self.entry  # read once: an optimizer step's hook may clear it meanwhile
         if not _nn.cache_holds(entry, key, weight):
             # kept for training steps after an inference pass
-            entry = self.entry = (key, *self._copies(made_to_last(_quantize_stacked, ops, w, recipe)),
+            entry = self.entry = (key, *made_to_last(stacked_copies, ops, w, self.transposed, recipe),
                                   weakref.ref(_nn.cache_anchor(weight)))
             _nn._CACHE_HOLDERS.add(self)
         return entry[1], entry[2]
 
-    def _copies(self, q) -> tuple:
-        """(rowwise, columnwise) triples of the [E, out, in] weight."""
-        return (q[3:6], q[:3]) if self.transposed else (q[:3], q[3:6])
 
-
-def _quantize_stacked(ops, w: torch.Tensor, recipe: Recipe):
-    return ops.quantize(w, None, "tensor", list(recipe.weight_block), True, True, "nearest", False,
-                        recipe.weight_four_over_six, _nn._no_rng(w))
+def stacked_copies(ops, weight: torch.Tensor, transposed: bool, recipe: Recipe, rowwise: bool = True,
+                   columnwise: bool = True) -> tuple:
+    """(rowwise, columnwise) triples of the [E, out, in] weight (a copy not asked for: three empty tensors),
+    quantized as the recipe quantizes stacked weights. transposed: `weight` is the [E, out, in] view of a parameter
+    stored [E, in, out], which is quantized as it lies with the two copies' roles swapped (StackedWeightCache)."""
+    if transposed:
+        weight, rowwise, columnwise = weight.transpose(1, 2), columnwise, rowwise  # the stored parameter
+    q = ops.quantize(weight, None, "tensor", list(recipe.weight_block), rowwise, columnwise, "nearest", False,
+                     recipe.weight_four_over_six, _nn._no_rng(weight))
+    return (q[3:6], q[:3]) if transposed else (q[:3], q[3:6])
 
 
 def check_stacked_weight(weight: torch.Tensor, bias: torch.Tensor | None, name: str = "weight") -> None:
@@ -175,12 +184,14 @@ def check_stacked_weight(weight: torch.Tensor, bias: torch.Tensor | None, name: 
 
 
 def grouped_linear(x: torch.Tensor, offsets, weight: torch.Tensor, bias: torch.Tensor | None, recipe: Recipe,
-                   weight_cache: StackedWeightCache, main_grad: torch.Tensor | None = None) -> torch.Tensor:
+                   weight_cache: StackedWeightCache, main_grad: torch.Tensor | None = None,
+                   keep_quantized_weight: bool = True) -> torch.Tensor:
     """Y [T, out]: each group's tokens X_g [T_g, in] times its expert's W_g [out, in] transposed (plus b_g), with
     autograd through the three grouped NVFP4 GEMMs; what fp4gen.nn.GroupedLinear runs, for a stacked weight
     that another module owns (check_stacked_weight's rules hold for it). x is cast to the autocast dtype under
     torch.autocast, else it must have the weight's dtype; offsets are the cumulative group ends (a tensor on
-    x's device, never read on the host, or a host list)."""
+    x's device, never read on the host, or a host list). keep_quantized_weight=False: weight_cache keeps nothing;
+    the forward quantizes W's rowwise copy and backward its columnwise copy from the weight (GroupedLinear's)."""
     refuse_function_transforms("fp4gen.nn.GroupedLinear (and fp4gen.hf_experts, which runs it)")
     num_experts, out_features, in_features = weight.shape
     if x.dim() != 2 or x.shape[1] != in_features:
@@ -191,11 +202,18 @@ def grouped_linear(x: torch.Tensor, offsets, weight: torch.Tensor, bias: torch.T
     if offsets.shape[0] != num_experts:
         raise ValueError(f"offsets has {offsets.shape[0]} group ends; the weight has {num_experts} experts")
     need_wgrad = torch.is_grad_enabled() and weight.requires_grad
-    w_row, w_col = weight_cache.get(weight, recipe)
+    if keep_quantized_weight:
+        w_row, w_col = weight_cache.get(weight, recipe)
+    else:
+        if weight_cache.entry is not None:  # kept before keep_quantized_weight was turned off
+            weight_cache.clear()
+        w_row = stacked_copies(grouped_torch_ops.for_caller(), weight.detach(), weight_cache.transposed, recipe,
+                               columnwise=False)[0]
+        w_col = None
     # stochastic rounding of dY draws from the device's default state, advanced by each backward
     rng_state = default_state_tensor(x.device) if recipe.stochastic_rounding else _nn._no_rng(x)
     return _GroupedLinearFunction.apply(x, offsets, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad,
-                                        rng_state)
+                                        rng_state, weight_cache.transposed)
 
 
 def _compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -222,10 +240,14 @@ class GroupedLinear(torch.nn.Module):
 
     accumulate_main_grad=True adds the weight gradient into `weight.main_grad` (fp32, shaped like the
     weight) inside the wgrad GEMM instead of producing `weight.grad`.
+
+    keep_quantized_weight=False keeps no quantized weight between calls, as fp4gen.nn.Linear's (for FSDP2): the
+    forward quantizes W's rowwise copy, backward its columnwise copy from the saved weight.
     """
 
     def __init__(self, num_experts: int, in_features: int, out_features: int, bias: bool = False, *,
-                 recipe: Recipe | None = None, device=None, dtype=None, accumulate_main_grad: bool = False):
+                 recipe: Recipe | None = None, device=None, dtype=None, accumulate_main_grad: bool = False,
+                 keep_quantized_weight: bool = True):
         super().__init__()
         if not isinstance(num_experts, int) or num_experts < 1:
             raise ValueError(f"num_experts={num_experts!r}: it must be a positive int")
@@ -241,12 +263,14 @@ class GroupedLinear(torch.nn.Module):
             raise TypeError(f"recipe must be an fp4gen.Recipe or None, got {type(recipe).__name__}")
         if not isinstance(accumulate_main_grad, bool):
             raise TypeError(f"accumulate_main_grad must be True or False, got {accumulate_main_grad!r}")
+        _nn.check_keep_quantized_weight(keep_quantized_weight)
         self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
         factory = dict(device=device, dtype=dtype)
         self.weight = torch.nn.Parameter(torch.empty(num_experts, out_features, in_features, **factory))
         self.bias = torch.nn.Parameter(torch.empty(num_experts, out_features, **factory)) if bias else None
         self.recipe = recipe if recipe is not None else Recipe()
         self.accumulate_main_grad = accumulate_main_grad
+        self.keep_quantized_weight = keep_quantized_weight
         self._weight_cache = StackedWeightCache()
         self.reset_parameters()
 
@@ -260,12 +284,16 @@ class GroupedLinear(torch.nn.Module):
             if self.bias is not None:
                 self.bias.uniform_(-bound, bound)
 
+    # the default of layers pickled before the attribute existed
+    keep_quantized_weight = True
+
     def clear_weight_cache(self) -> None:
         self._weight_cache.clear()
 
     def forward(self, x: torch.Tensor, offsets) -> torch.Tensor:
         main_grad = _nn.main_grad_of(self.weight) if self.accumulate_main_grad else None
-        return grouped_linear(x, offsets, self.weight, self.bias, self.recipe, self._weight_cache, main_grad)
+        return grouped_linear(x, offsets, self.weight, self.bias, self.recipe, self._weight_cache, main_grad,
+                              self.keep_quantized_weight)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, in_features={self.in_features}, "

@@ -22,23 +22,26 @@ from __future__ import annotations
 import torch
 
 from .grouped_linear import MODULE_CACHES, StackedWeightCache, check_stacked_weight, grouped_linear
+from .nn import check_keep_quantized_weight
 from .recipe import Recipe
 
 NAME = "fp4gen"
 _REGISTERED = set()  # the names register() has added in this process
 
 
-def register(name: str = NAME, recipe: Recipe | None = None) -> None:
+def register(name: str = NAME, recipe: Recipe | None = None, *, keep_quantized_weight: bool = True) -> None:
     """Add `name` to transformers' experts implementations, running fp4gen's grouped NVFP4 layers with `recipe`
     (default fp4gen.Recipe()). Registering under several names gives models (or sub-models) different recipes;
-    registering a name again replaces its recipe."""
+    registering a name again replaces its recipe. keep_quantized_weight=False: the experts keep no quantized
+    weight between calls (for FSDP2), as fp4gen.nn.GroupedLinear's option does."""
+    check_keep_quantized_weight(keep_quantized_weight)
     if recipe is None:
         recipe = Recipe()
     elif not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be an fp4gen.Recipe or None, got {type(recipe).__name__} {recipe!r}")
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
-    _experts_interface().register(name, _ExpertsForward(recipe))
+    _experts_interface().register(name, _ExpertsForward(recipe, keep_quantized_weight))
     _REGISTERED.add(name)
 
 
@@ -74,8 +77,8 @@ class _ExpertsForward:
     """The registered function: called as forward(experts_module, hidden_states [T, H], top_k_index [T, k],
     top_k_weights [T, k]) -> [T, H], in the hidden states' dtype."""
 
-    def __init__(self, recipe: Recipe):
-        self.recipe = recipe
+    def __init__(self, recipe: Recipe, keep_quantized_weight: bool = True):
+        self.recipe, self.keep_quantized_weight = recipe, keep_quantized_weight
 
     def __call__(self, experts: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                  top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -106,7 +109,8 @@ class _ExpertsForward:
             weight, label = weight.transpose(1, 2), f"{label}.transpose(1, 2)"
         bias = getattr(experts, f"{name}_bias", None) if experts.has_bias else None
         check_stacked_weight(weight, bias, label)
-        return grouped_linear(x, offsets, weight, bias, self.recipe, _weight_cache(experts, name, transposed))
+        return grouped_linear(x, offsets, weight, bias, self.recipe, _weight_cache(experts, name, transposed),
+                              keep_quantized_weight=self.keep_quantized_weight)
 
 
 # What torch.compile's traced calls use when the module keeps no caches yet: a traced call quantizes inside the graph

@@ -159,7 +159,12 @@ class _NVFP4LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, weight, bias, w_row, w_col, recipe, main_grad, need_wgrad, rng_state, epilogue_bias):
         y, q, x_e4m3_max, w_e4m3_max = _fprop(torch_ops.for_caller(), x2d, w_row, recipe, need_wgrad, epilogue_bias)
-        ctx.save_for_backward(*q[3:], *w_col)  # NVFP4 copies only; X's are absent without wgrad
+        # NVFP4 copies of X (absent without wgrad) and W; without a kept W copy (w_col None: the layer's
+        # keep_quantized_weight=False), the weight itself, quantized again in backward where dgrad needs it
+        ctx.weight_quantized_in_backward = w_col is None
+        if w_col is None:
+            w_col = (weight,) if ctx.needs_input_grad[0] else ()
+        ctx.save_for_backward(*q[3:], *w_col)
         ctx.main_grad, ctx.x_dtype, ctx.need_wgrad = main_grad, x2d.dtype, need_wgrad
         ctx.w_dtype, ctx.bias_dtype = weight.dtype, bias.dtype if bias is not None else None
         ctx.needs_x_grad = ctx.needs_input_grad[0]
@@ -186,6 +191,8 @@ class _NVFP4LinearFunction(torch.autograd.Function):
             if sums_with_dy:
                 db, q = _as(q[6], ctx.bias_dtype), q[:6]
             if ctx.needs_x_grad:  # dgrad: dY [M, N] x (W columnwise = Wᵀ [K, N])
+                if ctx.weight_quantized_in_backward:
+                    w_col = quantize_weight(ops, w_col[0].detach(), recipe, rowwise=False)[3:]
                 dx = _as(ops.gemm(*q[:3], *w_col, GEMM_OUT[ctx.x_dtype], 448.0, ctx.w_e4m3_max), ctx.x_dtype)
             if ctx.need_wgrad:  # wgrad: (dY columnwise = dYᵀ [N, M]) x (X columnwise = Xᵀ [K, M])
                 if ctx.main_grad is not None:  # fp32 main-grad accumulation inside the GEMM epilogue
@@ -199,6 +206,15 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None, None, None
 
 
+def quantize_weight(ops, w: torch.Tensor, recipe: Recipe, rowwise: bool = True, columnwise: bool = True) -> tuple:
+    """W's quantize outputs (rowwise triple, columnwise triple; a copy not asked for absent) as the recipe
+    quantizes a Linear's weight: per tensor, in its weight_block, rounded to nearest."""
+    if w.stride(-1) != 1:  # a weight assigned as a transposed view: the CUDA kernels read contiguous rows
+        w = w.contiguous()
+    return ops.quantize(w, "tensor", list(recipe.weight_block), rowwise, columnwise, "nearest", False,
+                        recipe.weight_four_over_six, _no_rng(w))
+
+
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """t.to(dtype), without the call when t has that dtype already (an eager call costs microseconds)."""
     return t if t.dtype == dtype else t.to(dtype)
@@ -207,6 +223,11 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _fp32_bias(bias: torch.Tensor, y_dtype: torch.dtype) -> torch.Tensor:
     """The bias rounded to Y's dtype, then widened to the fp32 that the fprop GEMM's epilogue adds."""
     return bias.to(y_dtype).to(torch.float32)
+
+
+def check_keep_quantized_weight(keep: bool) -> None:
+    if not isinstance(keep, bool):
+        raise TypeError(f"keep_quantized_weight must be True or False, got {keep!r}")
 
 
 def main_grad_of(weight: torch.Tensor) -> torch.Tensor:
@@ -248,10 +269,17 @@ class Linear(torch.nn.Linear):
     (an in-place edit through `weight.data`, a torch.distributed broadcast into the weight) needs
     `clear_weight_cache()`, or fp4gen.nn.clear_weight_caches(model) for a whole model. A weight quantized
     under torch.inference_mode (a rollout) is kept as a normal tensor: the next training step reuses it.
+
+    keep_quantized_weight=False keeps no quantized weight: each forward quantizes the weight's rowwise copy
+    for its GEMM, and backward quantizes the columnwise copy for dgrad from the weight again (the weight is
+    saved for backward, as torch.nn.Linear saves it). That costs a quantization of the weight a step more and
+    holds no copy of it between calls: for FSDP2 (fully_shard), which frees each gathered weight after
+    forward and gathers it again for backward, where a kept copy would hold every layer's whole, unsharded
+    weight on every rank. The bytes computed are the same either way.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: Recipe | None = None,
-                 device=None, dtype=None, accumulate_main_grad: bool = False):
+                 device=None, dtype=None, accumulate_main_grad: bool = False, keep_quantized_weight: bool = True):
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             if value % BLOCK:
                 raise ValueError(f"{name}={value}: fp4gen.nn.Linear needs a multiple of {BLOCK} (NVFP4 blocks "
@@ -261,17 +289,22 @@ class Linear(torch.nn.Linear):
             raise ValueError(f"dtype={param_dtype}: fp4gen.nn.Linear keeps its parameters in "
                              f"{dtype_names(PARAM_DTYPES)}")
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self._init_nvfp4(recipe, accumulate_main_grad)
+        self._init_nvfp4(recipe, accumulate_main_grad, keep_quantized_weight)
 
-    def _init_nvfp4(self, recipe, accumulate_main_grad) -> None:
+    # the default of layers pickled before the attribute existed
+    keep_quantized_weight = True
+
+    def _init_nvfp4(self, recipe, accumulate_main_grad, keep_quantized_weight: bool = True) -> None:
         """The state this class adds to torch.nn.Linear's (also set by fp4gen.convert on a converted layer)."""
         if recipe is not None and not isinstance(recipe, Recipe):
             raise TypeError(f"recipe must be an fp4gen.Recipe or None, got {type(recipe).__name__} {recipe!r}; "
                             f"for example recipe=fp4gen.Recipe(row_scaled_activation=True)")
         if not isinstance(accumulate_main_grad, bool):
             raise TypeError(f"accumulate_main_grad must be True or False, got {accumulate_main_grad!r}")
+        check_keep_quantized_weight(keep_quantized_weight)
         self.recipe = recipe if recipe is not None else Recipe()
         self.accumulate_main_grad = accumulate_main_grad
+        self.keep_quantized_weight = keep_quantized_weight
         self._weight_cache = None  # (key, rowwise, columnwise)
         self._bias_cache = None  # (key, the bias as the fprop epilogue adds it)
 
@@ -308,15 +341,20 @@ class Linear(torch.nn.Linear):
     def _quantized_weight(self, ops, weight: torch.Tensor, in_graph: bool):
         """(rowwise, columnwise) triples of W, per tensor. Cached on the weight's version counter in eager
         mode; in_graph (torch.compile tracing or CUDA-graph capture: traced_or_captured) makes the
-        quantization part of the graph instead."""
+        quantization part of the graph instead. Without keep_quantized_weight: the rowwise copy alone, made now,
+        and None for the columnwise one (backward makes it from the weight)."""
         w = weight.detach()
+        if not self.keep_quantized_weight:
+            if self._weight_cache is not None:  # kept before keep_quantized_weight was turned off
+                self._weight_cache = None
+            return quantize_weight(ops, w, self.recipe, columnwise=False)[:3], None
         if in_graph:  # the graph must contain the quantization itself
-            q = self._quantize_weight(ops, w)
+            q = quantize_weight(ops, w, self.recipe)
             return q[:3], q[3:]
         key = (weight._version, _optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
         entry = self._weight_cache  # read once: an optimizer step's hook may clear the attribute meanwhile
         if not cache_holds(entry, key, weight):
-            q = made_to_last(self._quantize_weight, ops, w)  # kept for training steps after an inference pass
+            q = made_to_last(quantize_weight, ops, w, self.recipe)  # kept for training steps after an inference pass
             entry = self._weight_cache = (key, q[:3], q[3:], weakref.ref(cache_anchor(weight)))
             _CACHE_HOLDERS.add(self)
         return entry[1], entry[2]
@@ -337,13 +375,6 @@ class Linear(torch.nn.Linear):
             entry = self._bias_cache = (key, made_to_last(_fp32_bias, b, y_dtype), weakref.ref(cache_anchor(bias)))
             _CACHE_HOLDERS.add(self)
         return entry[1]
-
-    def _quantize_weight(self, ops, w):
-        recipe = self.recipe
-        if w.stride(-1) != 1:  # a weight assigned as a transposed view: the CUDA kernels read contiguous rows
-            w = w.contiguous()
-        return ops.quantize(w, "tensor", list(recipe.weight_block), True, True, "nearest", False,
-                            recipe.weight_four_over_six, _no_rng(w))
 
     def _compute_dtype(self, x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
         """The dtype the GEMMs take X in and Y comes out in: autocast's, else x's, which must then be the
@@ -429,8 +460,8 @@ class Linear(torch.nn.Linear):
         if steps is None:
             return None
         recipe = self.recipe
-        step = steps.training_step(x2d, qw_row, qw_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
-                                   bias.dtype if bias is not None else None, main_grad, weight.dtype,
+        step = steps.training_step(x2d, weight, qw_row, qw_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
+                                   bias.dtype if bias is not None else None, main_grad,
                                    e4m3_max_of(recipe.activation_four_over_six),
                                    e4m3_max_of(recipe.weight_four_over_six))
         if step is None:

@@ -32,9 +32,10 @@ class Experts(torch.nn.Module):
     expert 0, E - 2 or E - 1 (so a token meets the same expert whichever rank holds it; with four, expert 1 gets
     none): tokens are sorted by expert, the grouped layer runs, and the outputs go back to the tokens' order."""
 
-    def __init__(self, device, num_experts=4):
+    def __init__(self, device, num_experts=4, keep_quantized_weight=True):
         super().__init__()
-        self.experts = fp4gen.nn.GroupedLinear(num_experts, 256, 64, device=device, dtype=torch.bfloat16)
+        self.experts = fp4gen.nn.GroupedLinear(num_experts, 256, 64, device=device, dtype=torch.bfloat16,
+                                               keep_quantized_weight=keep_quantized_weight)
 
     def forward(self, x):
         e = self.experts.num_experts
@@ -48,17 +49,31 @@ class Experts(torch.nn.Module):
 
 def make_model(device, kind="linear"):
     """kind "linear": three fp4gen.nn.Linear layers with GELUs between them; "linear_sr": the same with stochastic
-    rounding of the gradients; "experts": Experts; "experts_3": three experts (across two ranks, unevenly sharded)."""
+    rounding of the gradients; "experts": Experts; "experts_3": three experts (across two ranks, unevenly sharded);
+    "linear_unkept", "experts_unkept": "linear" and "experts" with keep_quantized_weight=False."""
     torch.manual_seed(0)
-    if kind == "experts":
-        return Experts(device)
-    if kind == "experts_3":
-        return Experts(device, 3)
+    keep = not kind.endswith("_unkept")
+    if kind.startswith("experts"):
+        return Experts(device, 3 if kind == "experts_3" else 4, keep_quantized_weight=keep)
     recipe = fp4gen.Recipe(stochastic_rounding=True) if kind == "linear_sr" else None
+    options = dict(device=device, dtype=torch.bfloat16, recipe=recipe, keep_quantized_weight=keep)
     return torch.nn.Sequential(
-        fp4gen.nn.Linear(256, 512, device=device, dtype=torch.bfloat16, recipe=recipe), torch.nn.GELU(),
-        fp4gen.nn.Linear(512, 256, device=device, dtype=torch.bfloat16, recipe=recipe), torch.nn.GELU(),
-        fp4gen.nn.Linear(256, 64, device=device, dtype=torch.bfloat16, recipe=recipe))
+        fp4gen.nn.Linear(256, 512, **options), torch.nn.GELU(),
+        fp4gen.nn.Linear(512, 256, **options), torch.nn.GELU(),
+        fp4gen.nn.Linear(256, 64, **options))
+
+
+class SavedBytes:
+    """Saved-tensor hooks that record what a forward saves for backward; live() is the bytes of the distinct storages
+    those tensors still hold (a weight that FSDP2 freed after the forward holds none)."""
+
+    def __init__(self):
+        self.saved = []
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: self.saved.append(t) or t, lambda t: t)
+
+    def live(self) -> int:
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in self.saved}
+        return sum(nbytes for ptr, nbytes in storages.items() if ptr)
 
 
 def batches():
@@ -70,16 +85,24 @@ def batches():
         yield x.bfloat16(), (x @ teacher).bfloat16()
 
 
-def train(model, rank, world, device):
+def train(model, rank, world, device, saved_bytes=None):
     """Per-step global losses. Each process computes the mean loss of its slice; data parallelism averages
-    the gradients, which equals the gradient of the global mean."""
+    the gradients, which equals the gradient of the global mean. saved_bytes: a list that gets, after the first
+    step's forward, the bytes that what it saved for backward holds (SavedBytes.live)."""
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     losses = []
     per_rank = GLOBAL_TOKENS // world
     for x, t in batches():
         x, t = x[rank * per_rank:(rank + 1) * per_rank].to(device), t[rank * per_rank:(rank + 1) * per_rank].to(device)
         opt.zero_grad()
-        loss = (model(x).float() - t.float()).square().mean()
+        record = SavedBytes() if saved_bytes is not None and not losses else None
+        if record:
+            with record.hooks:
+                loss = (model(x).float() - t.float()).square().mean()
+            saved_bytes.append(record.live())
+            del record
+        else:
+            loss = (model(x).float() - t.float()).square().mean()
         loss.backward()
         opt.step()
         global_loss = loss.detach().clone()
@@ -120,7 +143,8 @@ def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD, device_type="c
             module = model
             if mode == "fsdp2+compile":  # the sharded model under torch.compile (Inductor)
                 model = torch.compile(model)
-        losses = train(model, rank, world, device)
+        saved_bytes = [] if mode != "fsdp2+compile" else None
+        losses = train(model, rank, world, device, saved_bytes)
         grads = {}
         if mode == "ddp":  # the gradients of the last step, after DDP's all-reduce
             grads = {name: p.grad.detach().cpu() for name, p in module.named_parameters()}
@@ -129,7 +153,7 @@ def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD, device_type="c
                   for name, p in module.named_parameters()}
         from torch._dynamo.utils import counters
         graphs = counters["stats"]["unique_graphs"]  # what torch.compile traced, if it ran
-        torch.save({"losses": losses, "grads": grads, "params": params, "graphs": graphs},
+        torch.save({"losses": losses, "grads": grads, "params": params, "graphs": graphs, "saved_bytes": saved_bytes},
                    os.path.join(out_dir, f"{mode}_rank{rank}.pt"))
     finally:
         if destroy:

@@ -23,7 +23,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("kind", ["linear", "linear_sr", "experts", "experts_3"])
+@pytest.mark.parametrize("kind", ["linear", "linear_sr", "experts", "experts_3", "linear_unkept", "experts_unkept"])
 def test_fsdp2_on_two_cpu_ranks_equals_ddp_bit_for_bit(tmp_path, kind):
     fsdp = run_data_parallel("fsdp2", tmp_path, kind, device_type="cpu")
     ddp = run_data_parallel("ddp", tmp_path, kind, device_type="cpu")
@@ -47,3 +47,24 @@ def test_fsdp2_under_torch_compile_on_two_cpu_ranks_equals_eager_fsdp2(tmp_path,
         assert compiled[rank]["losses"] == eager[rank]["losses"], rank
         for name, p in compiled[rank]["params"].items():
             assert p.equal(eager[rank]["params"][name]), (rank, name)
+
+
+# The bytes of W's columnwise NVFP4 codes (one byte a pair) that a kept layer saves for backward: the Linear stack's
+# 256 -> 512 -> 256 -> 64 layers, the experts' 4 x 256 -> 64
+W_COLUMNWISE_CODES = {"linear": (256 * 512 + 512 * 256 + 256 * 64) // 2, "experts": 4 * 256 * 64 // 2}
+
+
+@pytest.mark.parametrize("kind", ["linear", "experts"])
+def test_under_fsdp2_layers_that_keep_no_quantized_weight_save_no_unsharded_copy(tmp_path, kind):
+    """After a forward under FSDP2, what kept layers saved for backward holds their whole weights' columnwise NVFP4
+    copies on every rank; with keep_quantized_weight=False they save the gathered weight itself, which FSDP2 frees
+    after the forward (and gathers again for backward), so at least those codes' bytes less stay held."""
+    runs = {}
+    for run in (kind, f"{kind}_unkept"):  # a directory a run: each needs its own rendezvous file
+        (tmp_path / run).mkdir()
+        runs[run] = run_data_parallel("fsdp2", tmp_path / run, run, device_type="cpu")
+    kept, unkept = runs[kind], runs[f"{kind}_unkept"]
+    for rank in range(WORLD):
+        [held], [held_unkept] = kept[rank]["saved_bytes"], unkept[rank]["saved_bytes"]
+        assert held - held_unkept >= W_COLUMNWISE_CODES[kind], (rank, held, held_unkept)
+        assert unkept[rank]["losses"] == kept[rank]["losses"]  # the same bytes computed

@@ -248,6 +248,46 @@ def test_grouped_linear_equals_a_loop_of_linear_layers(bias):
     assert torch.equal(x.grad, x_loop.grad)
 
 
+def check_a_grouped_layer_that_keeps_no_quantized_weight(device, dtype):
+    """GroupedLinear(keep_quantized_weight=False) (for FSDP2): over steps with optimizer updates, the same outputs
+    and gradients, byte for byte, as a layer that keeps its quantized weight; no cache is held, and the forward
+    saves the weight itself instead of W's columnwise NVFP4 copy (the kept layer saves the copy)."""
+    torch.manual_seed(12)
+    recipe = fp4gen.Recipe(weight_block=(1, 16), four_over_six="weights")  # both options on W's copies
+    layers = [fp4gen.nn.GroupedLinear(3, 64, 128, bias=True, recipe=recipe, device=device, dtype=dtype,
+                                      keep_quantized_weight=keep) for keep in (True, False)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    offsets = torch.tensor([16, 16, 40], device=device)
+    inputs = [(torch.randn(40, 64, device=device, dtype=dtype), torch.randn(40, 128, device=device, dtype=dtype))
+              for _ in range(3)]
+    results, saved = [], []
+    for layer in layers:
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.5)
+        fp4gen.RNGState.default(device).reset(21)
+        outputs, kept = [], []
+        for x, dy in inputs:
+            xg = x.clone().requires_grad_()
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+                y = layer(xg, offsets)
+            y.backward(dy)
+            outputs += [y.detach(), xg.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
+            optimizer.step()
+            optimizer.zero_grad()
+        results.append(outputs)
+        saved.append(kept)
+    for kept, made_again in zip(*results):
+        assert torch.equal(kept, made_again)
+    assert layers[1]._weight_cache.entry is None
+    w_codes = [3, 64, 64]  # W's columnwise codes [E, in, out / 2]
+    assert w_codes in [list(t.shape) for t in saved[0] if t.dtype == torch.uint8]
+    assert w_codes not in [list(t.shape) for t in saved[1] if t.dtype == torch.uint8]
+    assert sum(t.data_ptr() == layers[1].weight.data_ptr() for t in saved[1]) == len(inputs)
+
+
+def test_a_grouped_layer_that_keeps_no_quantized_weight_computes_the_same_bytes():
+    check_a_grouped_layer_that_keeps_no_quantized_weight("cpu", torch.float32)
+
+
 def test_a_second_backward_through_the_grouped_layer_raises():
     from test_linear import check_a_second_backward_raises
     torch.manual_seed(8)
@@ -259,6 +299,8 @@ def test_grouped_linear_checks_its_arguments():
         fp4gen.nn.GroupedLinear(2, 48, 64)
     with pytest.raises(ValueError, match="num_experts"):
         fp4gen.nn.GroupedLinear(0, 64, 64)
+    with pytest.raises(TypeError, match="keep_quantized_weight must be True or False"):
+        fp4gen.nn.GroupedLinear(2, 64, 64, keep_quantized_weight=None)
     layer = fp4gen.nn.GroupedLinear(2, 64, 64)
     with pytest.raises(ValueError, match="2 experts"):
         layer(torch.randn(32, 64), [10, 20, 32])

@@ -17,6 +17,8 @@ transformers = pytest.importorskip("transformers", minversion="5.0")
 
 NEAREST = "fp4gen-test-nearest"  # a registered name whose recipe rounds gradients to nearest (no random state)
 fp4gen.hf_experts.register(NEAREST, fp4gen.Recipe(stochastic_rounding=False))
+UNKEPT = "fp4gen-test-unkept"  # the same, keeping no quantized weight between calls
+fp4gen.hf_experts.register(UNKEPT, fp4gen.Recipe(stochastic_rounding=False), keep_quantized_weight=False)
 
 
 SHAPES = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -106,9 +108,12 @@ def check_equal_to_grouped_linear_layers(experts, x, out, dout, top_k_index, top
         assert torch.allclose(experts.down_proj_bias.grad, layers[1].bias.grad, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("implementation", [NEAREST, UNKEPT])
 @pytest.mark.parametrize("kind", ["qwen3", "mixtral", "gpt_oss"])
-def test_experts_equal_grouped_linear_layers(kind):
-    model = tiny_moe(kind, NEAREST)
+def test_experts_equal_grouped_linear_layers(kind, implementation):
+    """Also with keep_quantized_weight=False (UNKEPT), whose caches stay empty: for gpt-oss's transposed weights, W's
+    columnwise copy is then the stored weight's rowwise quantization, made at backward."""
+    model = tiny_moe(kind, implementation)
     experts = experts_of(model)
     if experts.has_bias:  # transformers leaves them zero
         with torch.no_grad():
@@ -120,6 +125,8 @@ def test_experts_equal_grouped_linear_layers(kind):
     dout = torch.randn_like(out)
     out.backward(dout)
     check_equal_to_grouped_linear_layers(experts, x, out, dout, top_k_index, top_k_weights)
+    caches = experts._fp4gen_weight_caches.values()
+    assert all((cache.entry is None) == (implementation == UNKEPT) for cache in caches) and caches
 
 
 def test_experts_under_torch_compile_match_eager():
@@ -290,6 +297,8 @@ def test_register_checks_its_arguments():
         fp4gen.hf_experts.register(recipe="default")
     with pytest.raises(ValueError, match="name must be a non-empty string"):
         fp4gen.hf_experts.register("")
+    with pytest.raises(TypeError, match="keep_quantized_weight must be True or False"):
+        fp4gen.hf_experts.register(UNKEPT, keep_quantized_weight=0)
 
 
 def test_without_transformers_the_error_says_what_to_install(monkeypatch):

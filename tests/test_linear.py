@@ -190,6 +190,66 @@ def test_only_nvfp4_copies_are_saved_for_backward():
     assert x.grad is not None
 
 
+def check_a_layer_that_keeps_no_quantized_weight(recipe, device, dtype):
+    """keep_quantized_weight=False (for FSDP2): over training steps with optimizer updates between them, the same
+    outputs and gradients, byte for byte, as a layer that keeps its quantized weight; no cache is held, and what its
+    forward saves for backward is X's NVFP4 copy and the weight itself, never a quantized copy of W (which a kept
+    layer saves). An input that needs no gradient (no dgrad) has nothing of W saved at all."""
+    from fp4gen.rng import RNGState
+    torch.manual_seed(11)
+    layers = [fp4gen.nn.Linear(64, 48, device=device, dtype=dtype, recipe=recipe, keep_quantized_weight=keep)
+              for keep in (True, False)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    inputs = [(torch.randn(32, 64, device=device, dtype=dtype), torch.randn(32, 48, device=device, dtype=dtype))
+              for _ in range(3)]
+    results, saved_codes = [], []
+    for layer in layers:
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.5)
+        RNGState.default(torch.device(device)).reset(21)
+        outputs, codes = [], []
+        for x, dy in inputs:
+            xg = x.clone().requires_grad_()
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: codes.append(t) or t, lambda t: t):
+                y = layer(xg)
+            y.backward(dy)
+            outputs += [y.detach(), xg.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
+            optimizer.step()
+            optimizer.zero_grad()
+        results.append(outputs)
+        saved_codes.append(codes)
+    for kept, made_again in zip(*results):
+        assert torch.equal(kept, made_again)
+    assert layers[1]._weight_cache is None
+    w_codes, x_codes = [64, 24], [64, 16]  # W's columnwise codes [in, out / 2]; X's [in, tokens / 2]
+    kept_shapes = [list(t.shape) for t in saved_codes[0] if t.dtype == torch.uint8]
+    assert w_codes in kept_shapes and x_codes in kept_shapes  # the kept layer saves W's copy
+    weight = layers[1].weight
+    for t in saved_codes[1]:
+        assert t.dtype in (torch.uint8, torch.float8_e4m3fn, torch.float32) or t.data_ptr() == weight.data_ptr()
+        assert t.dtype != torch.uint8 or list(t.shape) == x_codes
+    assert sum(t.data_ptr() == weight.data_ptr() for t in saved_codes[1]) == len(inputs)  # W itself, each step
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        layers[1](inputs[0][0]).sum().backward()  # an input without grad: wgrad only
+    assert saved and all(t.dtype != torch.uint8 or list(t.shape) == x_codes for t in saved)
+    assert not any(t.data_ptr() == weight.data_ptr() for t in saved)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=list(RECIPES))
+def test_a_layer_that_keeps_no_quantized_weight_computes_the_same_bytes_and_saves_the_weight_instead(recipe):
+    check_a_layer_that_keeps_no_quantized_weight(RECIPES[recipe], "cpu", torch.float32)
+
+
+def test_keep_quantized_weight_is_a_bool_and_convert_passes_it_on():
+    with pytest.raises(TypeError, match="keep_quantized_weight must be True or False"):
+        fp4gen.nn.Linear(16, 16, keep_quantized_weight="no")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 16))
+    fp4gen.convert(model, keep_quantized_weight=False)
+    assert [layer.keep_quantized_weight for layer in model] == [False, False]
+    fp4gen.unconvert(model)
+    assert not any(hasattr(layer, "keep_quantized_weight") for layer in model)
+
+
 def check_a_second_backward_raises(layer, x, *extra, message="differentiate twice"):
     """create_graph=True gives the first-order gradients unchanged, and a backward through them (a higher-order
     gradient, which the quantized GEMMs do not define) raises instead of silently leaving the layer out."""
@@ -320,8 +380,8 @@ def test_caches_are_dropped_before_an_optimizer_step():
 
 
 def test_caches_dropped_after_each_forward_change_no_result():
-    """The recipe docs give for FSDP2 (a forward hook that clears the caches): losses bit for bit those of a run that
-    keeps them, with no cache left after any forward."""
+    """Caches cleared after every forward (a forward hook calling clear_weight_caches): losses bit for bit those of
+    a run that keeps them, with no cache left after any forward."""
 
     def drop_weight_caches(module, args, output):
         fp4gen.nn.clear_weight_caches(module)
@@ -451,13 +511,15 @@ def test_recipe_validation():
     assert fp4gen.Recipe(weight_block=[1, 16]).weight_block == (1, 16)
 
 
-def _mlp(seed):
+def _mlp(seed, keep_quantized_weight=True):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(fp4gen.nn.Linear(64, 128), torch.nn.GELU(), fp4gen.nn.Linear(128, 32))
+    return torch.nn.Sequential(fp4gen.nn.Linear(64, 128, keep_quantized_weight=keep_quantized_weight),
+                               torch.nn.GELU(), fp4gen.nn.Linear(128, 32, keep_quantized_weight=keep_quantized_weight))
 
 
-def test_torch_compile_fullgraph_training_step_matches_eager():
-    eager, compiled_model = _mlp(3), _mlp(3)
+@pytest.mark.parametrize("keep", [True, False], ids=["kept weight", "weight quantized in backward"])
+def test_torch_compile_fullgraph_training_step_matches_eager(keep):
+    eager, compiled_model = _mlp(3, keep), _mlp(3, keep)
     compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")  # any graph break raises
     x = torch.randn(4, 16, 64)
     for model in (eager, compiled):

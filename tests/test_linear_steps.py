@@ -154,8 +154,8 @@ def _training(recipe=None, needs_x_grad=True, need_wgrad=True, bias=True, main_g
     epilogue_bias = bias.detach().float() if bias is not None else None
     main_grad = torch.zeros(48, 64) if main_grad else None
     for _ in range(calls):
-        step = linear_steps.training_step(x, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
-                                          bias.dtype if bias is not None else None, main_grad, dtype, 448.0, 448.0)
+        step = linear_steps.training_step(x, weight, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
+                                          bias.dtype if bias is not None else None, main_grad, 448.0, 448.0)
     rng = torch.tensor([7, 10]) if recipe.stochastic_rounding else None
     return SimpleNamespace(step=step, x=x, weight=weight, bias=bias, w_row=w_row, w_col=w_col, main_grad=main_grad,
                            epilogue_bias=epilogue_bias, rng=rng,
@@ -365,11 +365,15 @@ class ReferenceSteps:
         linear_steps._share(forward, [y_slot], x_col)  # X's columnwise copy in one allocation, as the real steps
         return forward, y_slot, x_col, layouts
 
-    def training_step(self, x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias, bias_dtype,
-                      main_grad, w_dtype, x_e4m3_max, w_e4m3_max):
+    def training_step(self, x2d, weight, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias, bias_dtype,
+                      main_grad, x_e4m3_max, w_e4m3_max):
         (m, k), n = x2d.shape, w_row[0].shape[0]
+        w_dtype = weight.dtype
         forward, y_slot, x_col, layouts = self._forward_plan(x2d, w_row, recipe, need_wgrad, epilogue_bias,
                                                              x_e4m3_max, w_e4m3_max)
+        weight_plan = None
+        if w_col is None and needs_x_grad:  # the layer keeps no copy: backward quantizes W first
+            weight_plan, w_col_slots, w_col = self._weight_plan(weight, recipe)
 
         sums_with_dy = bias_dtype is not None and recipe.gradient_scaling == "tensor"
         backward = LaunchPlan(inputs=9)  # dy, the random state, W columnwise, X columnwise, main_grad
@@ -407,7 +411,25 @@ class ReferenceSteps:
                                  linear_steps._slot(dw), linear_steps._slot(sums),
                                  2 if recipe.gradient_rounding == "stochastic" else 0,
                                  0 if bias_dtype is None else 1 if sums_with_dy else 2,
-                                 str(bias_dtype or torch.float32).replace("torch.", ""))
+                                 str(bias_dtype or torch.float32).replace("torch.", ""),
+                                 weight_plan._make_native() if weight_plan else None,
+                                 ["reference weight"] if weight_plan else [], list(w_col_slots) if weight_plan else [])
+
+    def _weight_plan(self, weight, recipe):
+        """The plan that quantizes W's columnwise copy at backward, its slots, and stand-ins shaped as the copy."""
+        def quantize(w):
+            options = QuantizeOptions("nearest", None, False, recipe.weight_four_over_six)
+            return _triple(reference.quantize(w, "tensor", recipe.weight_block, False, True, options)[1])
+        stand_in = quantize(torch.zeros_like(weight.detach()))
+        plan = LaunchPlan(inputs=2)  # W, no random state
+        slots, layouts = _layout(plan, stand_in)
+
+        def run_weight(words):
+            self.ran.append("weight")
+            for address, t, layout in zip(words[2:], quantize(_at(words[0], weight.shape, weight.dtype)), layouts):
+                _at(address, *layout).copy_(t)
+        plan.launch(self._kernel("reference weight", run_weight), Slot(0), None, *slots)
+        return plan, slots, stand_in
 
 
 def _reference_forward(x2d, w_row, recipe, need_wgrad, bias, x_e4m3_max, w_e4m3_max):
@@ -433,6 +455,9 @@ LAYER_CASES = [
     dict(input_shape=(2, 16, 64), inference=True),
     dict(input_shape=(17, 64)),  # tokens off the 16-token block: the step runs on X completed with zero tokens
     dict(input_shape=(3, 7, 64), recipe=fp4gen.Recipe(stochastic_rounding=True)),
+    dict(keep=False),  # no quantized weight kept: the step's backward quantizes W's columnwise copy from W
+    dict(keep=False, recipe=fp4gen.Recipe(four_over_six="weights", weight_block=(1, 16)), dtype=torch.bfloat16),
+    dict(keep=False, frozen=True),
 ]
 
 
@@ -446,7 +471,8 @@ def linear_steps_outputs(case: dict, device: str, steps: int) -> list:
     dtype = case.get("dtype", torch.bfloat16 if device == "cuda" else torch.float32)
     torch.manual_seed(3)
     layer = fp4gen.nn.Linear(64, 48, bias=case.get("bias", True), device=device, dtype=dtype,
-                             recipe=case.get("recipe"), accumulate_main_grad=case.get("main_grad", False))
+                             recipe=case.get("recipe"), accumulate_main_grad=case.get("main_grad", False),
+                             keep_quantized_weight=case.get("keep", True))
     layer.weight.requires_grad_(not case.get("frozen", False))
     if case.get("main_grad"):
         layer.weight.main_grad = torch.zeros(48, 64, device=device)
@@ -480,6 +506,7 @@ def test_linear_uses_a_steps_outputs_as_it_uses_its_separate_calls(monkeypatch, 
     monkeypatch.setattr(nn, "_step_plans", lambda ops, t: steps)
     stepped = linear_steps_outputs(case, "cpu", 2)
     assert "forward" in steps.ran and ("backward" in steps.ran or case.get("inference"))
+    assert ("weight" in steps.ran) == (case.get("keep") is False)  # the weight plan runs where a step needs it
     shape = case.get("input_shape")
     if shape and not (case.get("transposed") or case.get("inference")) and math.prod(shape[:-1]) % 16 == 0:
         # Y of a 3-D input comes from the step's own node, with no view node between it and the input (a token

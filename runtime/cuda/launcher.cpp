@@ -22,6 +22,7 @@
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -216,6 +217,7 @@ uint64_t current_stream(int64_t device) {
 // A training step of fp4gen.nn.Linear as two plans, built by fp4gen.cuda.linear_steps for one kind of call:
 //   forward  inputs (x, no random state, W rowwise data, scale, amax, the epilogue's fp32 bias) -> Y, X columnwise
 //   backward inputs (dY, random state, W columnwise triple, X columnwise triple, main_grad) -> dX, dW, dY's sums
+//   weight   (a layer that keeps no quantized weight) inputs (W, no random state) -> W columnwise, run at backward
 struct LinearStep {
   std::shared_ptr<const Plan> forward, backward;
   std::vector<std::string> forward_kernels, backward_kernels;  // names, for errors
@@ -225,6 +227,9 @@ struct LinearStep {
   int64_t rng_advance;         // added to the random state's offset after backward (0: no stochastic rounding)
   int64_t bias_grad;           // 0: no bias; 1: from the backward plan's column sums; 2: dY summed here
   c10::ScalarType bias_dtype;
+  std::shared_ptr<const Plan> weight;  // null where W's columnwise copy comes with the call
+  std::vector<std::string> weight_kernels;
+  std::vector<int64_t> w_col;  // the weight plan's buffer slots of W's columnwise (data, scale, amax)
 };
 
 // Keeps a step alive in an autograd context (saved_data holds IValues; a capsule holds any CustomClassHolder).
@@ -281,8 +286,13 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     torch::autograd::variable_list saved;
     for (int64_t slot : step->x_col) saved.push_back(buffer(buffers, plan, slot));
     saved.resize(3);
-    for (int i = 3; i < 6; ++i) saved.push_back(operands[i].value_or(at::Tensor()));
-    ctx->save_for_backward(std::move(saved));  // NVFP4 copies only (X's are absent without wgrad)
+    if (step->weight) {  // W itself, quantized again at backward (as torch.nn.Linear, it saves the weight)
+      saved.push_back(weight);
+      saved.resize(6);
+    } else {
+      for (int i = 3; i < 6; ++i) saved.push_back(operands[i].value_or(at::Tensor()));
+    }
+    ctx->save_for_backward(std::move(saved));  // NVFP4 copies only (X's are absent without wgrad), or W
     ctx->saved_data["step"] = at::IValue::make_capsule(c10::make_intrusive<StepHolder>(step));
     ctx->saved_data["main_grad"] = operands[7];
     ctx->saved_data["rng_state"] = operands[8];
@@ -324,10 +334,16 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     // dY is copied into one, which changes no value
     at::Tensor dy = grads[0].contiguous();
     if (reinterpret_cast<uintptr_t>(dy.data_ptr()) % 16) dy = dy.clone();
+    std::array<at::Tensor, 3> w_col = {saved[3], saved[4], saved[5]};
+    if (step.weight) {
+      const auto made = run_or_raise(*step.weight, step.weight_kernels, {saved[3], std::nullopt}, device,
+                                     current_stream(device));
+      for (int i = 0; i < 3; ++i) w_col[i] = buffer(made, *step.weight, step.w_col[i]);
+    }
     const Plan& plan = *step.backward;
     const auto buffers = run_or_raise(plan, step.backward_kernels,
-                                      {dy, step.rng_advance ? rng_state : std::nullopt, optional_of(saved[3]),
-                                       optional_of(saved[4]), optional_of(saved[5]), optional_of(saved[0]),
+                                      {dy, step.rng_advance ? rng_state : std::nullopt, optional_of(w_col[0]),
+                                       optional_of(w_col[1]), optional_of(w_col[2]), optional_of(saved[0]),
                                        optional_of(saved[1]), optional_of(saved[2]), main_grad},
                                       device, current_stream(device));
     if (step.rng_advance) rng_state->slice(0, 1).add_(step.rng_advance);  // as RNGState.advance, after the draws
@@ -372,23 +388,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init([](std::shared_ptr<Plan> forward, std::vector<std::string> forward_kernels, int64_t y,
                              std::vector<int64_t> x_col, std::shared_ptr<Plan> backward,
                              std::vector<std::string> backward_kernels, int64_t dx, int64_t dw, int64_t sums,
-                             int64_t rng_advance, int64_t bias_grad, const std::string& bias_dtype) {
+                             int64_t rng_advance, int64_t bias_grad, const std::string& bias_dtype,
+                             std::shared_ptr<Plan> weight, std::vector<std::string> weight_kernels,
+                             std::vector<int64_t> w_col) {
              check(x_col.empty() || x_col.size() == 3, [] { return std::string("X's columnwise copy is 3 slots"); });
              check(bias_grad >= 0 && bias_grad <= 2, [] { return std::string("bias_grad is 0, 1 or 2"); });
+             check(weight ? w_col.size() == 3 && dx >= 0 : w_col.empty(), [] {
+               return std::string("a weight plan makes W's columnwise copy (3 slots) for a backward with dX");
+             });
              bool buffers = forward->is_buffer(y, false);
              for (int64_t slot : x_col) buffers = buffers && forward->is_buffer(slot, false);
              for (int64_t slot : {dx, dw}) buffers = buffers && backward->is_buffer(slot, true);
              buffers = buffers && backward->is_buffer(sums, bias_grad != 1);
+             for (int64_t slot : w_col) buffers = buffers && weight->is_buffer(slot, false);
              check(buffers, [] { return std::string("a LinearStep's output slots must name its plans' buffers"); });
              return std::make_shared<LinearStep>(LinearStep{std::move(forward), std::move(backward),
                                                             std::move(forward_kernels), std::move(backward_kernels),
                                                             y, std::move(x_col), dx, dw, sums, rng_advance, bias_grad,
-                                                            dtype_named(bias_dtype)});
+                                                            dtype_named(bias_dtype), std::move(weight),
+                                                            std::move(weight_kernels), std::move(w_col)});
            }),
            pybind11::arg("forward"), pybind11::arg("forward_kernels"), pybind11::arg("y"), pybind11::arg("x_col"),
            pybind11::arg("backward"), pybind11::arg("backward_kernels"), pybind11::arg("dx"), pybind11::arg("dw"),
            pybind11::arg("sums"), pybind11::arg("rng_advance"), pybind11::arg("bias_grad"),
-           pybind11::arg("bias_dtype"));
+           pybind11::arg("bias_dtype"), pybind11::arg("weight") = nullptr,
+           pybind11::arg("weight_kernels") = std::vector<std::string>(),
+           pybind11::arg("w_col") = std::vector<int64_t>());
   // Y of one training step (autograd records the backward node); operands as LinearFunction takes them
   m.def("linear_step",
         [](const std::shared_ptr<LinearStep>& step, const at::Tensor& x, const at::Tensor& weight,

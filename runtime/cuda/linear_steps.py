@@ -134,17 +134,21 @@ class BackwardStep:
     __slots__ = ("plan", "dx", "dw", "sums")
 
 
-def training_step(x2d: torch.Tensor, w_row: tuple, w_col: tuple, recipe, needs_x_grad: bool, need_wgrad: bool,
-                  epilogue_bias, bias_dtype, main_grad, w_dtype, x_e4m3_max: float, w_e4m3_max: float):
+def training_step(x2d: torch.Tensor, weight: torch.Tensor, w_row: tuple, w_col, recipe, needs_x_grad: bool,
+                  need_wgrad: bool, epilogue_bias, bias_dtype, main_grad, x_e4m3_max: float, w_e4m3_max: float):
     """The launcher's LinearStep for this kind of training call, or None (then the caller makes the separate
-    calls). bias_dtype: the bias parameter's dtype, None without a bias."""
+    calls). bias_dtype: the bias parameter's dtype, None without a bias. w_col None: the layer keeps no
+    columnwise copy of W, and the step's backward quantizes it from the weight (which must then be contiguous)."""
+    weight_in_backward = w_col is None and needs_x_grad
+    if weight_in_backward and not weight.is_contiguous():
+        return None  # the separate calls quantize a contiguous copy of it
     key = (x2d.device.index, x2d.dtype, *x2d.shape, x2d.stride(0), x2d.data_ptr() % 16, tuple(w_row[0].shape),
-           w_row[2].shape[0], _alignment(*w_row, *w_col, epilogue_bias, main_grad),
-           main_grad.stride() if main_grad is not None else None, needs_x_grad, need_wgrad, bias_dtype, w_dtype,
-           recipe)
+           w_row[2].shape[0], _alignment(*w_row, *(w_col or ()), epilogue_bias, main_grad),
+           main_grad.stride() if main_grad is not None else None, needs_x_grad, need_wgrad, bias_dtype,
+           weight.dtype, w_col is None, weight.data_ptr() % 16 if weight_in_backward else None, recipe)
     return _kept(_TRAINING, "training", key,
-                 lambda: _build_training(x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
-                                         bias_dtype, main_grad, w_dtype, x_e4m3_max, w_e4m3_max))
+                 lambda: _build_training(x2d, weight, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias,
+                                         bias_dtype, main_grad, x_e4m3_max, w_e4m3_max))
 
 
 def run_training_step(step, x: torch.Tensor, weight: torch.Tensor, bias, w_row: tuple, w_col: tuple,
@@ -153,15 +157,21 @@ def run_training_step(step, x: torch.Tensor, weight: torch.Tensor, bias, w_row: 
     same memory), with autograd's node for its backward recorded when x, weight or bias requires grad (dX comes back
     shaped as x). rng_state: the random state's tensor with stochastic rounding, else None."""
     device = x.device.index if x.is_cuda else -1  # -1: plans of host functions (the CPU tests')
-    return launcher.module().linear_step(step, x, weight, bias, [*w_row, *w_col, epilogue_bias, main_grad, rng_state],
+    return launcher.module().linear_step(step, x, weight, bias,
+                                         [*w_row, *(w_col or (None,) * 3), epilogue_bias, main_grad, rng_state],
                                          device)
 
 
-def _build_training(x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias, bias_dtype, main_grad,
-                    w_dtype, x_e4m3_max, w_e4m3_max):
+def _build_training(x2d, weight, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogue_bias, bias_dtype, main_grad,
+                    x_e4m3_max, w_e4m3_max):
     forward = _build_forward(x2d, w_row, recipe, need_wgrad, epilogue_bias, x_e4m3_max, w_e4m3_max)
     if forward is None:
         return None
+    weight_plan = None
+    if w_col is None and needs_x_grad:  # W's columnwise copy made in backward, as nn.quantize_weight makes it
+        options = QuantizeOptions("nearest", None, False, recipe.weight_four_over_six)
+        weight_plan = ops.quantize_plan(weight, "tensor", tuple(recipe.weight_block), False, True, options)
+        w_col = _stand_in(weight_plan, weight_plan.result[1], x2d.device)
     # db from the pass that quantizes dY where that pass has an amax pass of its own (tensor-scaled gradients);
     # else the launcher sums dY itself
     sums_with_dy = bias_dtype is not None and recipe.gradient_scaling == "tensor"
@@ -169,14 +179,16 @@ def _build_training(x2d, w_row, w_col, recipe, needs_x_grad, need_wgrad, epilogu
     dy = torch.empty(x2d.shape[0], w_row[0].shape[0], dtype=x2d.dtype, device=x2d.device)
     x_col = _stand_in(forward.plan, forward.x_col, x2d.device) if forward.x_col else None
     backward = _build_backward(dy, w_col, x_col, main_grad, recipe, needs_x_grad, need_wgrad, sums_with_dy,
-                               x2d.dtype, w_dtype, x_e4m3_max, w_e4m3_max)
+                               x2d.dtype, weight.dtype, x_e4m3_max, w_e4m3_max)
     if backward is None:
         return None
     return launcher.module().LinearStep(
         forward.plan.native(), _names(forward.plan), forward.y, list(forward.x_col or ()), backward.plan.native(),
         _names(backward.plan), _slot(backward.dx), _slot(backward.dw), _slot(backward.sums),
         OFFSETS_PER_CALL if recipe.gradient_rounding == "stochastic" else 0,
-        0 if bias_dtype is None else 1 if sums_with_dy else 2, str(bias_dtype or torch.float32).replace("torch.", ""))
+        0 if bias_dtype is None else 1 if sums_with_dy else 2, str(bias_dtype or torch.float32).replace("torch.", ""),
+        weight_plan.native() if weight_plan else None, _names(weight_plan) if weight_plan else [],
+        list(weight_plan.result[1]) if weight_plan else [])
 
 
 def _names(plan: LaunchPlan) -> list:

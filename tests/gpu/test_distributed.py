@@ -79,3 +79,20 @@ def test_fsdp2_one_rank_matches_single_gpu(tmp_path, request, kind, single_losse
     assert single[-1] < 0.8 * single[0], single  # the run trains
     for step, (p, s) in enumerate(zip(sharded, single)):
         assert abs(p - s) <= 1e-3 * abs(s), (step, sharded, single)
+
+
+@pytest.mark.skipif(fully_shard is None, reason="this PyTorch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
+@pytest.mark.parametrize("kind", ["linear", "experts"])
+def test_fsdp2_one_rank_layers_that_keep_no_quantized_weight_save_less_and_compute_the_same(tmp_path, kind):
+    """keep_quantized_weight=False under FSDP2 (one rank): the same losses bit for bit as kept layers (the C++
+    launcher's steps quantize W at backward for the Linear stack), with at least W's columnwise codes fewer bytes held
+    by what the first forward saved (the saved weights are freed by FSDP2's reshard after the forward)."""
+    from test_distributed_cpu import W_COLUMNWISE_CODES
+    runs = {}
+    for run in (kind, f"{kind}_unkept"):
+        (tmp_path / run).mkdir()
+        worker(0, "fsdp2", str(tmp_path / run / "rdzv"), str(tmp_path / run), run, world=1)
+        runs[run] = torch.load(tmp_path / run / "fsdp2_rank0.pt")
+    kept, unkept = runs[kind], runs[f"{kind}_unkept"]
+    assert unkept["losses"] == kept["losses"] and kept["losses"][-1] < 0.8 * kept["losses"][0]
+    assert kept["saved_bytes"][0] - unkept["saved_bytes"][0] >= W_COLUMNWISE_CODES[kind]

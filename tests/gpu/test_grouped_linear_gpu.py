@@ -6,6 +6,7 @@ import torch
 
 import fp4gen
 from conftest import group_ends, run_without_host_sync
+from test_grouped import check_a_grouped_layer_that_keeps_no_quantized_weight
 
 pytestmark = pytest.mark.gpu
 
@@ -122,3 +123,7 @@ def test_torch_compile_fullgraph_step_matches_eager():
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(eager.weight.grad, compiled_layer.weight.grad)
     assert rel_err(compiled_layer.bias.grad, eager.bias.grad) < 1e-5  # index_add_: any order of additions
+
+
+def test_a_grouped_layer_that_keeps_no_quantized_weight_computes_the_same_bytes_on_gpu():
+    check_a_grouped_layer_that_keeps_no_quantized_weight("cuda", torch.bfloat16)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import fp4gen
-from test_linear import (RECIPES, TOKEN_SHAPES, check_a_second_backward_raises, check_compiled_stochastic_steps,
+from test_linear import (RECIPES, TOKEN_SHAPES, check_a_layer_that_keeps_no_quantized_weight,
+                         check_a_second_backward_raises, check_compiled_stochastic_steps,
                          check_token_count_off_the_block, emulate, rel)
 
 pytestmark = pytest.mark.gpu
@@ -28,6 +29,12 @@ def test_forward_and_backward_match_the_emulation_on_gpu(row_scaled):
 @pytest.mark.parametrize("shape", TOKEN_SHAPES)
 def test_training_with_a_token_count_off_the_block_equals_zero_tokens_added_by_the_caller_on_gpu(shape, recipe):
     check_token_count_off_the_block(shape, recipe, "cuda")
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=list(RECIPES))
+def test_a_layer_that_keeps_no_quantized_weight_computes_the_same_bytes_on_gpu(recipe):
+    # bf16: the C++ launcher's steps from the second call on (its weight plan quantizes W at backward)
+    check_a_layer_that_keeps_no_quantized_weight(RECIPES[recipe], "cuda", torch.bfloat16)
 
 
 def test_a_second_backward_through_the_layer_raises_on_gpu():
