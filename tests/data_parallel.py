@@ -47,11 +47,42 @@ class Experts(torch.nn.Module):
         return torch.empty_like(y_sorted).index_copy(0, order, y_sorted)
 
 
+class TinyQwen3Moe(torch.nn.Module):
+    """A two-layer Qwen3-MoE of transformers (hidden 256, four experts of 256 -> 2 x 64 -> 256, two a token) whose
+    dense projections are converted and whose experts run through fp4gen.hf_experts, both keeping no quantized
+    weight (keep_quantized_weight=False, as under FSDP2): a rank's tokens are one sequence of input embeddings, and
+    the output is the first 64 features of the last hidden state."""
+
+    def __init__(self, device):
+        super().__init__()
+        import transformers
+
+        import fp4gen.hf_experts
+        fp4gen.hf_experts.register(UNKEPT_EXPERTS, keep_quantized_weight=False)
+        config = transformers.Qwen3MoeConfig(
+            vocab_size=64, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=64, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, intermediate_size=128,
+            max_position_embeddings=128)
+        self.model = transformers.Qwen3MoeModel(config).to(device, torch.bfloat16)
+        self.model.embed_tokens = torch.nn.Identity()  # unused (input embeddings come in): DDP wants every parameter
+        self.model.set_experts_implementation(UNKEPT_EXPERTS)
+        fp4gen.convert(self.model, keep_quantized_weight=False)
+
+    def forward(self, x):
+        return self.model(inputs_embeds=x.unsqueeze(0)).last_hidden_state[0, :, :64]
+
+
+UNKEPT_EXPERTS = "fp4gen-unkept"  # the experts implementation TinyQwen3Moe registers
+
+
 def make_model(device, kind="linear"):
     """kind "linear": three fp4gen.nn.Linear layers with GELUs between them; "linear_sr": the same with stochastic
     rounding of the gradients; "experts": Experts; "experts_3": three experts (across two ranks, unevenly sharded);
-    "linear_unkept", "experts_unkept": "linear" and "experts" with keep_quantized_weight=False."""
+    "linear_unkept", "experts_unkept": "linear" and "experts" with keep_quantized_weight=False; "qwen3_moe":
+    TinyQwen3Moe."""
     torch.manual_seed(0)
+    if kind == "qwen3_moe":
+        return TinyQwen3Moe(device)
     keep = not kind.endswith("_unkept")
     if kind.startswith("experts"):
         return Experts(device, 3 if kind == "experts_3" else 4, keep_quantized_weight=keep)
@@ -114,10 +145,14 @@ def train(model, rank, world, device, saved_bytes=None):
 
 
 def shard_layers(model):
-    """FSDP2 over each fp4gen layer, then over the whole model."""
-    for layer in model.modules():
-        if isinstance(layer, (fp4gen.nn.Linear, fp4gen.nn.GroupedLinear)):
+    """FSDP2 over each fp4gen layer (over each decoder layer of a transformers model), then over the whole model."""
+    if isinstance(model, TinyQwen3Moe):
+        for layer in model.model.layers:
             fully_shard(layer)
+    else:
+        for layer in model.modules():
+            if isinstance(layer, (fp4gen.nn.Linear, fp4gen.nn.GroupedLinear)):
+                fully_shard(layer)
     fully_shard(model)
 
 

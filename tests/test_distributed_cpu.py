@@ -12,18 +12,23 @@ losses part from the third step on (measured 2026-12-05, torch 2.13 CPU). The GP
 tests/gpu/test_distributed.py.
 
 FSDP2 under torch.compile runs the layers' custom ops, traced, on the same shards: the same bits again."""
+import importlib.util
+
 import pytest
 import torch.distributed as dist
 
 from data_parallel import WORLD, fully_shard, run_data_parallel
 
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                        reason="the Qwen3-MoE model needs transformers")
 pytestmark = [
     pytest.mark.skipif(fully_shard is None, reason="this PyTorch has no FSDP2 (torch.distributed.fsdp.fully_shard)"),
     pytest.mark.skipif(not dist.is_gloo_available(), reason="this PyTorch has no gloo backend"),
 ]
 
 
-@pytest.mark.parametrize("kind", ["linear", "linear_sr", "experts", "experts_3", "linear_unkept", "experts_unkept"])
+@pytest.mark.parametrize("kind", ["linear", "linear_sr", "experts", "experts_3", "linear_unkept", "experts_unkept",
+                                  pytest.param("qwen3_moe", marks=needs_transformers)])
 def test_fsdp2_on_two_cpu_ranks_equals_ddp_bit_for_bit(tmp_path, kind):
     fsdp = run_data_parallel("fsdp2", tmp_path, kind, device_type="cpu")
     ddp = run_data_parallel("ddp", tmp_path, kind, device_type="cpu")
