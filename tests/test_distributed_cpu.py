@@ -42,7 +42,7 @@ def test_fsdp2_on_two_cpu_ranks_equals_ddp_bit_for_bit(tmp_path, kind):
             assert p.equal(ddp[0]["params"][name]), (rank, name)
 
 
-@pytest.mark.parametrize("kind", ["linear", "experts"])
+@pytest.mark.parametrize("kind", ["linear", "experts", "linear_unkept", "experts_unkept"])
 def test_fsdp2_under_torch_compile_on_two_cpu_ranks_equals_eager_fsdp2(tmp_path, kind):
     eager = run_data_parallel("fsdp2", tmp_path, kind, device_type="cpu")
     compiled = run_data_parallel("fsdp2+compile", tmp_path, kind, device_type="cpu")
