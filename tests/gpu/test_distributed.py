@@ -49,18 +49,20 @@ def test_ddp_matches_single_gpu_and_ranks_hold_identical_gradients(tmp_path, sin
 
 @needs_world
 @pytest.mark.skipif(fully_shard is None, reason="this PyTorch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
-def test_fsdp2_matches_single_gpu(tmp_path, single_gpu_losses):
-    ranks = run_data_parallel("fsdp2", tmp_path)
+@pytest.mark.parametrize("kind", ["linear", "linear_unkept"])
+def test_fsdp2_matches_single_gpu(tmp_path, single_gpu_losses, kind):
+    ranks = run_data_parallel("fsdp2", tmp_path, kind)
     assert ranks[0]["losses"] == ranks[1]["losses"]
     assert_losses_match(ranks[0]["losses"], single_gpu_losses)
 
 
 @needs_world
 @pytest.mark.skipif(fully_shard is None, reason="this PyTorch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
-def test_fsdp2_grouped_linear_matches_single_gpu(tmp_path, single_gpu_expert_losses):
+@pytest.mark.parametrize("kind", ["experts", "experts_unkept"])
+def test_fsdp2_grouped_linear_matches_single_gpu(tmp_path, single_gpu_expert_losses, kind):
     """The [E, out, in] expert weight sharded along its experts; the quantized weight must follow each
     unshard after an optimizer step (the cache's optimizer-step key), or the loss would stall."""
-    ranks = run_data_parallel("fsdp2", tmp_path, "experts")
+    ranks = run_data_parallel("fsdp2", tmp_path, kind)
     assert ranks[0]["losses"] == ranks[1]["losses"]
     assert_losses_match(ranks[0]["losses"], single_gpu_expert_losses)
 
