@@ -2,11 +2,12 @@
 Linear(4096, 4096) layers in bf16 (default recipe), each under fully_shard, over a single rank (NCCL, one process),
 trained with Adam on 4096 tokens.
 
-Per configuration: the memory allocated after a forward (before backward: the activations and copies saved for
-backward, the caches, and FSDP2's shards), the peak over the whole step, and the median step time (fwd + bwd +
-Adam). torch.nn.Linear in bf16 under the same FSDP2 is the baseline. With one rank FSDP2 still frees each gathered
+Per configuration: the memory allocated before a forward (FSDP2's shards, Adam's state, whatever a layer keeps
+between steps), what the forward adds to it (the activations and copies saved for backward, caches made), the
+peak over the whole step, and the median step time (fwd + bwd + Adam). torch.nn.Linear in bf16 under the same FSDP2 is the baseline. With one rank FSDP2 still frees each gathered
 weight after its forward and gathers it again for backward, as with many ranks, so what a layer keeps of its
 weight shows; the shards themselves are the whole weights here (over N ranks they would be 1/N)."""
+import gc
 import os
 import tempfile
 
@@ -50,18 +51,16 @@ def measure(kind: str) -> tuple:
 
     for _ in range(3):  # optimizer state made, caches and plans built
         step()
+    opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    opt.zero_grad(set_to_none=True)
+    before = torch.cuda.memory_allocated()
     loss = stack(x).float().square().mean()
-    after_forward = torch.cuda.memory_allocated()
+    added = torch.cuda.memory_allocated() - before
     loss.backward()
     opt.step()
     peak = torch.cuda.max_memory_allocated()
-    ms = median_ms(step)
-    del stack, opt, loss
-    torch.cuda.empty_cache()
-    return after_forward, peak, ms
+    return before, added, peak, median_ms(step)
 
 
 def main():
@@ -71,10 +70,12 @@ def main():
         try:
             print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
                   f"{LAYERS} x Linear({WIDTH}, {WIDTH}) bf16, {TOKENS} tokens, FSDP2 over one rank, Adam")
-            print(f"{'layers':>22} {'MiB after forward':>17} {'MiB peak':>9} {'step ms':>8}")
+            print(f"{'layers':>22} {'MiB before fwd':>14} {'MiB added by fwd':>16} {'MiB peak':>9} {'step ms':>8}")
             for kind in ("bf16", "fp4gen, kept", "fp4gen, not kept"):
-                after_forward, peak, ms = measure(kind)
-                print(f"{kind:>22} {after_forward / 2**20:>17.0f} {peak / 2**20:>9.0f} {ms:>8.2f}")
+                gc.collect()  # the previous configuration's model and optimizer state, before measuring
+                torch.cuda.empty_cache()
+                before, added, peak, ms = measure(kind)
+                print(f"{kind:>22} {before / 2**20:>14.0f} {added / 2**20:>16.0f} {peak / 2**20:>9.0f} {ms:>8.2f}")
         finally:
             dist.destroy_process_group()
 
