@@ -4,9 +4,10 @@ trained with Adam on 4096 tokens.
 
 Per configuration: the memory allocated before a forward (FSDP2's shards, Adam's state, whatever a layer keeps
 between steps), what the forward adds to it (the activations and copies saved for backward, caches made), the
-peak over the whole step, and the median step time (fwd + bwd + Adam). torch.nn.Linear in bf16 under the same FSDP2 is the baseline. With one rank FSDP2 still frees each gathered
-weight after its forward and gathers it again for backward, as with many ranks, so what a layer keeps of its
-weight shows; the shards themselves are the whole weights here (over N ranks they would be 1/N)."""
+peak over the whole step, and the median step time (fwd + bwd + Adam). torch.nn.Linear in bf16 under the same
+FSDP2 is the baseline. With one rank FSDP2 still frees each gathered weight after its forward and gathers it again
+for backward, as with many ranks, so what a layer keeps of its weight shows; the shards themselves are the whole
+weights here (over N ranks they would be 1/N)."""
 import gc
 import os
 import tempfile
