@@ -6,7 +6,8 @@ dgrad and wgrad run as grouped NVFP4 GEMMs (one GEMM launch each) over tokens so
     wgrad  dW_g = dY_gᵀ X_g  dY columnwise ("columns")                    x  X columnwise ("columns")
 
 with the Recipe's options as fp4gen.nn.Linear takes them. The group sizes stay on the device: a step neither
-synchronizes nor depends on the routing when captured in a CUDA graph. Forward saves only NVFP4 copies.
+synchronizes nor depends on the routing when captured in a CUDA graph. Forward saves only NVFP4 copies (and, with
+keep_quantized_weight=False, the weight itself instead of its columnwise copy).
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ with the default Recipe; its options change the scalings (gradient_scaling), tra
 (hadamard_wgrad, the default), round dY stochastically (stochastic_rounding) or pick 4over6 scales for X
 and/or W (four_over_six).
 
-Forward saves only NVFP4 copies for backward (X columnwise, W columnwise), never the high-precision X.
+Forward saves only NVFP4 copies for backward (X columnwise, W columnwise), never the high-precision X; with
+keep_quantized_weight=False it saves the weight itself instead of W's copy, and backward quantizes it again.
 The quantized weight is cached while the weight is unchanged: the cache key holds the weight's version
 counter (bumped by every in-place update through the parameter) and a count of optimizer steps taken in
 the process, because FSDP2 refills an unsharded weight after an optimizer step without bumping its
