@@ -131,6 +131,9 @@ class StackedWeightCache:
 
     clear_weight_cache = clear  # the name fp4gen.nn's optimizer-step hook calls
 
+    def holds_weight_copy(self) -> bool:
+        return self.entry is not None
+
     def __getstate__(self):  # pickled without the entry, whose weak reference no pickle takes
         return None, {"transposed": self.transposed}
 

@@ -24,6 +24,7 @@ bias gradients come back in the parameters' dtypes.
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import torch
@@ -102,9 +103,41 @@ def _drop_weight_caches(optimizer, args, kwargs):
     """Before every optimizer step, forget every cached quantization: the step makes each one stale anyway (the count
     of steps is part of every key), and dropped here their memory (about a byte a weight parameter: both copies)
     is free for the optimizer's own peak instead of held until each layer's next forward."""
+    if (not _SHARDED_WARNING_GIVEN and _steps_sharded_parameters(optimizer)
+            and any(holder.holds_weight_copy() for holder in list(_CACHE_HOLDERS))):
+        _warn_kept_copies_of_sharded_weights()
     for holder in list(_CACHE_HOLDERS):
         holder.clear_weight_cache()
     _CACHE_HOLDERS.clear()
+
+
+# Whether each optimizer seen steps DTensor parameters (FSDP2 leaves its shards as DTensors between steps); looked
+# up once an optimizer, until the warning below has been given.
+_STEPS_SHARDED = weakref.WeakKeyDictionary()
+_SHARDED_WARNING_GIVEN = False
+
+
+def _steps_sharded_parameters(optimizer) -> bool:
+    sharded = _STEPS_SHARDED.get(optimizer)
+    if sharded is None:
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # a PyTorch without torch.distributed
+            DTensor = ()
+        sharded = _STEPS_SHARDED[optimizer] = any(isinstance(p, DTensor) for group in optimizer.param_groups
+                                                  for p in group["params"])
+    return sharded
+
+
+def _warn_kept_copies_of_sharded_weights() -> None:
+    """Once a process: layers kept quantized copies of gathered weights in a step whose optimizer steps shards."""
+    global _SHARDED_WARNING_GIVEN
+    _SHARDED_WARNING_GIVEN = True
+    warnings.warn("fp4gen: this optimizer steps sharded parameters (DTensors, as FSDP2 leaves them), and fp4gen layers "
+                  "kept quantized copies of their whole, gathered weights in this step (about a byte a parameter on "
+                  "every rank, more than a shard across many ranks). Under FSDP2 build them with "
+                  "keep_quantized_weight=False (fp4gen.convert, fp4gen.nn.Linear, fp4gen.nn.GroupedLinear and "
+                  "fp4gen.hf_experts.register take it): the same results, no copy kept between calls.", stacklevel=3)
 
 
 register_optimizer_step_pre_hook(_drop_weight_caches)
@@ -331,6 +364,10 @@ class Linear(torch.nn.Linear):
         """Forget the quantized weight (and the fp32 copy of the bias), so the next forward makes them again."""
         self._weight_cache = None
         self._bias_cache = None
+
+    def holds_weight_copy(self) -> bool:
+        """Whether the layer holds a quantized copy of its weight now (the bias's fp32 copy aside)."""
+        return self._weight_cache is not None
 
     def __getstate__(self) -> dict:
         """Pickled (torch.save of the whole module, multiprocessing) without the caches, which hold weak

@@ -73,3 +73,43 @@ def test_under_fsdp2_layers_that_keep_no_quantized_weight_save_no_unsharded_copy
         [held], [held_unkept] = kept[rank]["saved_bytes"], unkept[rank]["saved_bytes"]
         assert held - held_unkept >= W_COLUMNWISE_CODES[kind], (rank, held, held_unkept)
         assert unkept[rank]["losses"] == kept[rank]["losses"]  # the same bytes computed
+
+
+def _one_rank_fsdp2_steps(tmp_path, keep: bool, steps: int = 2, shard: bool = True) -> list:
+    """The fp4gen warnings that `steps` Adam steps of an FSDP2-sharded fp4gen.nn.Linear (one gloo rank, in this
+    process; shard=False: the same layer unsharded) give."""
+    import warnings
+
+    import torch
+
+    import fp4gen
+    from data_parallel import fully_shard
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        layer = fp4gen.nn.Linear(64, 32, keep_quantized_weight=keep)
+        if shard:
+            fully_shard(layer)
+        opt = torch.optim.Adam(layer.parameters(), lr=1e-3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(steps):
+                layer(torch.randn(16, 64)).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+    finally:
+        dist.destroy_process_group()
+    return [str(w.message) for w in caught if "fp4gen" in str(w.message)]
+
+
+def test_kept_copies_of_fsdp2_sharded_weights_are_warned_about_once(tmp_path, monkeypatch):
+    from fp4gen import nn
+    monkeypatch.setattr(nn, "_SHARDED_WARNING_GIVEN", False)
+    (tmp_path / "kept").mkdir()
+    messages = _one_rank_fsdp2_steps(tmp_path / "kept", keep=True)
+    assert len(messages) == 1 and "keep_quantized_weight=False" in messages[0]  # once, not every step
+    monkeypatch.setattr(nn, "_SHARDED_WARNING_GIVEN", False)
+    (tmp_path / "unkept").mkdir()
+    assert _one_rank_fsdp2_steps(tmp_path / "unkept", keep=False) == []  # its bias's fp32 copy is no weight copy
+    (tmp_path / "unsharded").mkdir()
+    assert _one_rank_fsdp2_steps(tmp_path / "unsharded", keep=True, shard=False) == []
