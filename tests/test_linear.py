@@ -240,6 +240,19 @@ def test_a_layer_that_keeps_no_quantized_weight_computes_the_same_bytes_and_save
     check_a_layer_that_keeps_no_quantized_weight(RECIPES[recipe], "cpu", torch.float32)
 
 
+def test_keep_quantized_weight_switched_on_a_built_layer_takes_effect_at_the_next_call():
+    torch.manual_seed(14)
+    layer = fp4gen.nn.Linear(64, 32)
+    x = torch.randn(16, 64)
+    with torch.no_grad():
+        kept = layer(x)
+        assert layer._weight_cache is not None
+        layer.keep_quantized_weight = False
+        assert torch.equal(layer(x), kept) and layer._weight_cache is None  # the kept copy is dropped
+        layer.keep_quantized_weight = True
+        assert torch.equal(layer(x), kept) and layer._weight_cache is not None
+
+
 def test_keep_quantized_weight_is_a_bool_and_convert_passes_it_on():
     with pytest.raises(TypeError, match="keep_quantized_weight must be True or False"):
         fp4gen.nn.Linear(16, 16, keep_quantized_weight="no")
