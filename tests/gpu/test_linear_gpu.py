@@ -69,10 +69,12 @@ def test_a_weight_assigned_as_a_transposed_view_trains_as_its_contiguous_copy():
         assert torch.equal(got, want)
 
 
-def test_training_step_in_a_cuda_graph():
+@pytest.mark.parametrize("keep", [True, False], ids=["kept weight", "weight quantized in backward"])
+def test_training_step_in_a_cuda_graph(keep):
     torch.manual_seed(1)
-    model = torch.nn.Sequential(fp4gen.nn.Linear(128, 256, device="cuda", dtype=torch.bfloat16), torch.nn.GELU(),
-                                fp4gen.nn.Linear(256, 64, device="cuda", dtype=torch.bfloat16))
+    options = dict(device="cuda", dtype=torch.bfloat16, keep_quantized_weight=keep)
+    model = torch.nn.Sequential(fp4gen.nn.Linear(128, 256, **options), torch.nn.GELU(),
+                                fp4gen.nn.Linear(256, 64, **options))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     static_x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
 
