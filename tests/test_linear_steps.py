@@ -529,3 +529,30 @@ def test_a_second_backward_through_a_training_step_raises(monkeypatch):
     layer = fp4gen.nn.Linear(64, 32)
     check_a_second_backward_raises(layer, torch.randn(32, 64), message="fp4gen.nn.Linear: trying to differentiate")
     assert steps.ran.count("backward") == 2
+
+
+def test_a_linear_step_checks_its_slots_and_its_weight_plan():
+    """LinearStep's constructor refuses what its autograd node could not run: slots outside its plans' buffers, a
+    weight plan without its three slots of W's columnwise copy or without a dgrad to feed, slots without a plan."""
+    native = launcher.module()
+
+    def plan(buffers: int):
+        p = LaunchPlan(inputs=2)
+        slots = [p.buffer(16) for _ in range(buffers)]
+        return p._make_native(), slots
+
+    (forward, (y, *x_col)), (backward, (dx, dw)), (weight, w_col) = plan(4), plan(2), plan(3)
+
+    def step(x_col=x_col, dx=dx, bias_grad=0, weight=None, w_col=()):
+        return native.LinearStep(forward, [], y, list(x_col), backward, [], dx, dw, -1, 0, bias_grad, "float32",
+                                 weight, [], list(w_col))
+
+    assert step(weight=weight, w_col=w_col) is not None and step() is not None
+    for kwargs, message in [(dict(x_col=x_col[:2]), "3 slots"), (dict(bias_grad=3), "bias_grad is 0, 1 or 2"),
+                            (dict(weight=weight, w_col=w_col[:2]), "weight plan"),
+                            (dict(weight=weight, w_col=w_col, dx=-1), "weight plan"),
+                            (dict(w_col=w_col), "weight plan"),
+                            (dict(weight=weight, w_col=[w_col[0], w_col[1], 99]), "must name its plans' buffers"),
+                            (dict(x_col=[y, y, 99]), "must name its plans' buffers")]:
+        with pytest.raises(RuntimeError, match="fp4gen launcher: .*" + message):
+            step(**kwargs)
