@@ -310,13 +310,15 @@ def test_grouped_linear_checks_its_arguments():
         layer(torch.randn(32, 64), [10, 30])
 
 
+@pytest.mark.parametrize("keep", [True, False], ids=["kept weight", "weight quantized in backward"])
 @pytest.mark.parametrize("stochastic", [False, True])
-def test_grouped_linear_under_torch_compile_matches_eager(stochastic):
+def test_grouped_linear_under_torch_compile_matches_eager(stochastic, keep):
     """fullgraph: any graph break raises; the grouped ops are custom ops with fake implementations. With stochastic
     rounding both steps draw from the default state from the same offset."""
     def model(seed):
         torch.manual_seed(seed)
-        return fp4gen.nn.GroupedLinear(3, 64, 128, bias=True, recipe=fp4gen.Recipe(stochastic_rounding=stochastic))
+        return fp4gen.nn.GroupedLinear(3, 64, 128, bias=True, recipe=fp4gen.Recipe(stochastic_rounding=stochastic),
+                                       keep_quantized_weight=keep)
 
     eager, compiled_model = model(7), model(7)
     compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
