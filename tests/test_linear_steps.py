@@ -459,6 +459,7 @@ LAYER_CASES = [
     dict(keep=False, recipe=fp4gen.Recipe(four_over_six="weights", weight_block=(1, 16)), dtype=torch.bfloat16),
     dict(keep=False, frozen=True),
     dict(keep=False, bias=False, main_grad=True, input_shape=(17, 64)),
+    dict(keep=False, checkpoint=True, recipe=fp4gen.Recipe(stochastic_rounding=True)),
 ]
 
 
