@@ -254,7 +254,8 @@ def check_a_grouped_layer_that_keeps_no_quantized_weight(device, dtype):
     saves the weight itself instead of W's columnwise NVFP4 copy (the kept layer saves the copy)."""
     torch.manual_seed(12)
     recipe = fp4gen.Recipe(weight_block=(1, 16), four_over_six="weights")  # both options on W's copies
-    layers = [fp4gen.nn.GroupedLinear(3, 64, 128, bias=True, recipe=recipe, device=device, dtype=dtype,
+    # no bias: its gradient's index_add_ runs in no fixed order on CUDA, which would part the two runs' weights
+    layers = [fp4gen.nn.GroupedLinear(3, 64, 128, recipe=recipe, device=device, dtype=dtype,
                                       keep_quantized_weight=keep) for keep in (True, False)]
     layers[1].load_state_dict(layers[0].state_dict())
     offsets = torch.tensor([16, 16, 40], device=device)
@@ -270,7 +271,7 @@ def check_a_grouped_layer_that_keeps_no_quantized_weight(device, dtype):
             with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
                 y = layer(xg, offsets)
             y.backward(dy)
-            outputs += [y.detach(), xg.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
+            outputs += [y.detach(), xg.grad, layer.weight.grad.clone()]
             optimizer.step()
             optimizer.zero_grad()
         results.append(outputs)
