@@ -261,21 +261,8 @@ def check_a_grouped_layer_that_keeps_no_quantized_weight(device, dtype):
     offsets = torch.tensor([16, 16, 40], device=device)
     inputs = [(torch.randn(40, 64, device=device, dtype=dtype), torch.randn(40, 128, device=device, dtype=dtype))
               for _ in range(3)]
-    results, saved = [], []
-    for layer in layers:
-        optimizer = torch.optim.SGD(layer.parameters(), lr=0.5)
-        fp4gen.RNGState.default(device).reset(21)
-        outputs, kept = [], []
-        for x, dy in inputs:
-            xg = x.clone().requires_grad_()
-            with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
-                y = layer(xg, offsets)
-            y.backward(dy)
-            outputs += [y.detach(), xg.grad, layer.weight.grad.clone()]
-            optimizer.step()
-            optimizer.zero_grad()
-        results.append(outputs)
-        saved.append(kept)
+    from test_linear import train_recording_saved
+    results, saved = zip(*(train_recording_saved(layer, inputs, offsets) for layer in layers))
     for kept, made_again in zip(*results):
         assert torch.equal(kept, made_again)
     assert layers[1]._weight_cache.entry is None

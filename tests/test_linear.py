@@ -190,33 +190,36 @@ def test_only_nvfp4_copies_are_saved_for_backward():
     assert x.grad is not None
 
 
+def train_recording_saved(layer, inputs, *extra) -> tuple:
+    """SGD steps of `layer` over (x, dY) pairs from the default random state reset to 21 (layer(x, *extra)):
+    (every step's Y, dX, dW and, with a bias, db; every tensor the forwards saved for backward)."""
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.5)
+    fp4gen.RNGState.default(layer.weight.device).reset(21)
+    outputs, saved = [], []
+    for x, dy in inputs:
+        xg = x.clone().requires_grad_()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            y = layer(xg, *extra)
+        y.backward(dy)
+        outputs += [y.detach(), xg.grad, layer.weight.grad.clone()]
+        outputs += [layer.bias.grad.clone()] if layer.bias is not None else []
+        optimizer.step()
+        optimizer.zero_grad()
+    return outputs, saved
+
+
 def check_a_layer_that_keeps_no_quantized_weight(recipe, device, dtype):
     """keep_quantized_weight=False (for FSDP2): over training steps with optimizer updates between them, the same
     outputs and gradients, byte for byte, as a layer that keeps its quantized weight; no cache is held, and what its
     forward saves for backward is X's NVFP4 copy and the weight itself, never a quantized copy of W (which a kept
     layer saves). An input that needs no gradient (no dgrad) has nothing of W saved at all."""
-    from fp4gen.rng import RNGState
     torch.manual_seed(11)
     layers = [fp4gen.nn.Linear(64, 48, device=device, dtype=dtype, recipe=recipe, keep_quantized_weight=keep)
               for keep in (True, False)]
     layers[1].load_state_dict(layers[0].state_dict())
     inputs = [(torch.randn(32, 64, device=device, dtype=dtype), torch.randn(32, 48, device=device, dtype=dtype))
               for _ in range(3)]
-    results, saved_codes = [], []
-    for layer in layers:
-        optimizer = torch.optim.SGD(layer.parameters(), lr=0.5)
-        RNGState.default(torch.device(device)).reset(21)
-        outputs, codes = [], []
-        for x, dy in inputs:
-            xg = x.clone().requires_grad_()
-            with torch.autograd.graph.saved_tensors_hooks(lambda t: codes.append(t) or t, lambda t: t):
-                y = layer(xg)
-            y.backward(dy)
-            outputs += [y.detach(), xg.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
-            optimizer.step()
-            optimizer.zero_grad()
-        results.append(outputs)
-        saved_codes.append(codes)
+    results, saved_codes = zip(*(train_recording_saved(layer, inputs) for layer in layers))
     for kept, made_again in zip(*results):
         assert torch.equal(kept, made_again)
     assert layers[1]._weight_cache is None
