@@ -216,7 +216,8 @@ FAMILIES = {
             Param("row_amax", "float*"),  # [rows] or null
             Param("col_amax", "float*"),  # [cols] or null
             Param("tensor_amax", "float*"),  # [1] or null
-            Param("col_sum", "float*"),  # [cols] fp32 column sums of x (a bias gradient), or null
+            Param("col_sum", "void*"),  # [cols] column sums of x (a bias gradient), or null
+            Param("col_sum_in_x_dtype", "int64_t"),  # 1: col_sum in x's dtype (rounded once), 0: in fp32
             Param("workspace", "void*"),  # workspace_size() bytes: the column sums' partials (none without col_sum)
         ),
         constraints={"cols_multiple_of": 16},
@@ -308,7 +309,8 @@ FAMILIES = {
             Param("col_amax", "float*"),  # [cols] or null: of the transformed copy's rows (x's columns)
             Param("row_tensor_amax", "float*"),  # [1] or null: of x
             Param("col_tensor_amax", "float*"),  # [1] or null: of the transformed copy
-            Param("col_sum", "float*"),  # [cols] fp32 column sums of x (untransformed: a bias gradient), or null
+            Param("col_sum", "void*"),  # [cols] column sums of x (untransformed: a bias gradient), or null
+            Param("col_sum_in_x_dtype", "int64_t"),  # 1: col_sum in x's dtype (rounded once), 0: in fp32
             Param("workspace", "void*"),  # workspace_size() bytes: the column sums' partials (none without col_sum)
         ),
         # rows: whole 16-row groups of the transform

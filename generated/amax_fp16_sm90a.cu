@@ -4,16 +4,16 @@
 
 using InT = __half;
 
-FP4GEN_EXPORT int amax_fp16_sm90a_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* tensor_amax, float* col_sum, void* workspace) {
-  return fp4gen::amax_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum, workspace);
+FP4GEN_EXPORT int amax_fp16_sm90a_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* tensor_amax, void* col_sum, int64_t col_sum_in_x_dtype, void* workspace) {
+  return fp4gen::amax_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum, col_sum_in_x_dtype, workspace);
 }
 
-FP4GEN_EXPORT size_t amax_fp16_sm90a_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* tensor_amax, float* col_sum, void* workspace) { return fp4gen::amax_workspace_size<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum, workspace); }
+FP4GEN_EXPORT size_t amax_fp16_sm90a_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* tensor_amax, void* col_sum, int64_t col_sum_in_x_dtype, void* workspace) { return fp4gen::amax_workspace_size<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum, col_sum_in_x_dtype, workspace); }
 
-FP4GEN_EXPORT int amax_fp16_sm90a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* tensor_amax, float* col_sum, void* workspace, cudaStream_t stream) {
-  return fp4gen::amax_run<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum, workspace, stream);
+FP4GEN_EXPORT int amax_fp16_sm90a_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax, float* tensor_amax, void* col_sum, int64_t col_sum_in_x_dtype, void* workspace, cudaStream_t stream) {
+  return fp4gen::amax_run<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum, col_sum_in_x_dtype, workspace, stream);
 }
 
 FP4GEN_EXPORT int amax_fp16_sm90a_run_packed(const uint64_t* args, cudaStream_t stream) {
-  return amax_fp16_sm90a_run(reinterpret_cast<const void*>(static_cast<uintptr_t>(args[0])), static_cast<int64_t>(args[1]), static_cast<int64_t>(args[2]), static_cast<int64_t>(args[3]), reinterpret_cast<float*>(static_cast<uintptr_t>(args[4])), reinterpret_cast<float*>(static_cast<uintptr_t>(args[5])), reinterpret_cast<float*>(static_cast<uintptr_t>(args[6])), reinterpret_cast<float*>(static_cast<uintptr_t>(args[7])), reinterpret_cast<void*>(static_cast<uintptr_t>(args[8])), stream);
+  return amax_fp16_sm90a_run(reinterpret_cast<const void*>(static_cast<uintptr_t>(args[0])), static_cast<int64_t>(args[1]), static_cast<int64_t>(args[2]), static_cast<int64_t>(args[3]), reinterpret_cast<float*>(static_cast<uintptr_t>(args[4])), reinterpret_cast<float*>(static_cast<uintptr_t>(args[5])), reinterpret_cast<float*>(static_cast<uintptr_t>(args[6])), reinterpret_cast<void*>(static_cast<uintptr_t>(args[7])), static_cast<int64_t>(args[8]), reinterpret_cast<void*>(static_cast<uintptr_t>(args[9])), stream);
 }

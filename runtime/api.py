@@ -153,13 +153,15 @@ def quantize(x: torch.Tensor, scaling: str = "row", block=(1, 16), rowwise: bool
 
 
 def quantize_checked(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-                     options: QuantizeOptions, backend: str | None = None, column_sums: bool = False) -> tuple:
+                     options: QuantizeOptions, backend: str | None = None,
+                     column_sums: torch.dtype | None = None) -> tuple:
     """fp4gen.quantize after its checks: (rowwise, columnwise) NVFP4Data (or None) of a 2-D x2d whose arguments
     already meet quantize's rules (block a tuple, options validated). fp4gen.nn calls it directly for the
     layers' own tensors, whose shapes, dtypes and options the layer checked.
 
-    column_sums (tensor scaling): also x2d's column sums [K] in fp32, (rowwise, columnwise, sums): a gradient's
-    bias gradient, which the CUDA backend makes in the amax pass that reads x2d anyway."""
+    column_sums (tensor scaling): also x2d's column sums [K] in this dtype (torch.float32 or x2d's own: summed in
+    fp32, rounded once), (rowwise, columnwise, sums): a gradient's bias gradient, which the CUDA backend makes in
+    the amax pass that reads x2d anyway."""
     name = choose_backend(x2d.device, backend)
     impl = reference if name == "reference" else _cuda_backend()
     result = impl.quantize(x2d, scaling, block, rowwise, columnwise, options, column_sums=column_sums)

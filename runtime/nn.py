@@ -35,6 +35,7 @@ from . import torch_ops
 from .api import INPUT_DTYPES, choose_backend, dtype_names, refuse_function_transforms
 from .formats import BLOCK
 from .lasting import made_to_last
+from .options import column_sums_dtype
 from .recipe import Recipe
 from .rng import default_state_tensor
 
@@ -221,7 +222,7 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         if ctx.needs_x_grad or ctx.need_wgrad:
             q = ops.quantize(dy, recipe.gradient_scaling, [1, BLOCK], ctx.needs_x_grad, ctx.need_wgrad,
                              recipe.gradient_rounding, recipe.hadamard_wgrad and ctx.need_wgrad, None, ctx.rng_state,
-                             *((True,) if sums_with_dy else ()))
+                             *((column_sums_dtype(ctx.bias_dtype, dy.dtype),) if sums_with_dy else ()))
             if sums_with_dy:
                 db, q = _as(q[6], ctx.bias_dtype), q[:6]
             if ctx.needs_x_grad:  # dgrad: dY [M, N] x (W columnwise = Wᵀ [K, N])

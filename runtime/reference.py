@@ -14,7 +14,7 @@ import torch
 
 from .formats import BLOCK, NVFP4Data
 from .hadamard import apply_rht
-from .options import DEFAULT_OPTIONS, QuantizeOptions
+from .options import DEFAULT_OPTIONS, QuantizeOptions, check_column_sums
 
 FLT_MAX = torch.finfo(torch.float32).max
 E4M3_MAX = 448.0
@@ -167,13 +167,15 @@ def _random_bytes(rng, copy: int, shape) -> torch.Tensor | None:
 
 
 def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-             options: QuantizeOptions = DEFAULT_OPTIONS, column_sums: bool = False):
+             options: QuantizeOptions = DEFAULT_OPTIONS, column_sums: torch.dtype | None = None):
     """Quantize a validated 2-D input; returns (rowwise, columnwise) NVFP4Data or None each, and with column_sums
-    (tensor scaling) x2d's column sums in fp32 after them.
+    (tensor scaling; torch.float32 or x2d's dtype) x2d's column sums in that dtype after them: summed in fp32,
+    rounded once.
 
     options (validated by fp4gen.quantize): stochastic rounding draws each copy's bits from options.rng (which
     fp4gen.quantize then advances); hadamard quantizes the columnwise copy from the transform of x.T, with its own amax;
     four_over_six picks each block's map-to-4 or map-to-6 scale."""
+    check_column_sums(column_sums, scaling, x2d.dtype)
     x = x2d.float().contiguous()  # elementwise results then come out row-major too
     rng, fos = options.rng, options.four_over_six
     if block == (16, 16):
@@ -192,10 +194,8 @@ def quantize(x2d: torch.Tensor, scaling: str, block: tuple, rowwise: bool, colum
             amax = row.amax if shared else _abs_max(xt, amax_dims).reshape(-1)
             col = _quantize_1d(xt, amax, _random_bytes(rng, 1, xt.shape), fos)
         result = row, col
-    if column_sums:
-        if scaling != "tensor":
-            raise ValueError("column_sums are made with tensor scaling; scaling is " + repr(scaling))
-        result = (*result, x2d.sum(0, dtype=torch.float32))
+    if column_sums is not None:
+        result = (*result, x2d.sum(0, dtype=torch.float32).to(column_sums))
     return result
 
 

@@ -49,10 +49,11 @@ def _triples(x: torch.Tensor, row, col) -> tuple:
 
 def _quantize_unchecked(x: torch.Tensor, scaling: str, block, rowwise: bool, columnwise: bool, rounding: str,
                         hadamard: bool, four_over_six: Optional[str], rng_state: torch.Tensor,
-                        column_sums: bool = False) -> tuple:
+                        column_sums: Optional[torch.dtype] = None) -> tuple:
     """The quantize op's computation for fp4gen.nn's own tensors in eager mode, without fp4gen.quantize's
     checks: the layer checked x's shape and dtype, and its Recipe the options. column_sums (tensor scaling):
-    a seventh output, x's column sums in fp32 (the eager path only: the op itself has six outputs)."""
+    a seventh output, x's column sums in that dtype (torch.float32 or x's; the eager path only: the op itself
+    has six outputs)."""
     rng = RNGState.from_tensor(rng_state) if rounding == "stochastic" else None
     result = api.quantize_checked(x, scaling, tuple(block), rowwise, columnwise,
                                   QuantizeOptions(rounding, rng, hadamard, four_over_six), column_sums=column_sums)

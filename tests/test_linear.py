@@ -606,14 +606,20 @@ def test_custom_ops_fake_implementations_agree(op, args):
                           test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))
 
 
-def test_reference_column_sums_are_the_fp32_sums_and_need_tensor_scaling():
-    # the reference backend's column sums (the CPU side of db from dY's quantization): x.sum(0) in fp32
+def test_reference_column_sums_are_the_fp32_sums_rounded_once_and_need_tensor_scaling():
+    # the reference backend's column sums (the CPU side of db from dY's quantization): x.sum(0) in fp32, in fp32 or
+    # rounded once to x's dtype
     from fp4gen.api import quantize_checked
     from fp4gen.options import QuantizeOptions
-    x = torch.randn(48, 32, dtype=torch.bfloat16)
-    row, col, sums = quantize_checked(x, "tensor", (1, 16), True, True, QuantizeOptions(), column_sums=True)
-    assert sums.dtype == torch.float32 and torch.equal(sums, x.sum(0, dtype=torch.float32))
+    x = (torch.randint(-255, 256, (48, 32)) / 64).bfloat16()  # sums exact in fp32, most of them not in bf16
+    row, col, sums = quantize_checked(x, "tensor", (1, 16), True, True, QuantizeOptions(), column_sums=torch.float32)
+    fp32_sums = torch.tensor([sum(x[:, c].tolist()) for c in range(32)], dtype=torch.float32)
+    assert sums.dtype == torch.float32 and torch.equal(sums, fp32_sums)
     plain_row, plain_col = quantize_checked(x, "tensor", (1, 16), True, True, QuantizeOptions())
     assert torch.equal(row.data, plain_row.data) and torch.equal(col.data, plain_col.data)
+    bf16_sums = quantize_checked(x, "tensor", (1, 16), False, True, QuantizeOptions(), column_sums=torch.bfloat16)[2]
+    assert bf16_sums.dtype == torch.bfloat16 and torch.equal(bf16_sums, fp32_sums.bfloat16())
     with pytest.raises(ValueError, match="tensor scaling"):
-        quantize_checked(x, "row", (1, 16), True, True, QuantizeOptions(), column_sums=True)
+        quantize_checked(x, "row", (1, 16), True, True, QuantizeOptions(), column_sums=torch.float32)
+    with pytest.raises(ValueError, match="neither torch.float32 nor"):
+        quantize_checked(x, "tensor", (1, 16), True, True, QuantizeOptions(), column_sums=torch.float16)

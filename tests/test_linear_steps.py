@@ -20,7 +20,7 @@ from fp4gen.cuda import launcher, library, linear_steps, ops
 from fp4gen.cuda.launch_plan import INPUT, RNG, LaunchPlan, Slot
 from fp4gen.errors import KernelError
 from fp4gen.formats import NVFP4Data
-from fp4gen.options import QuantizeOptions
+from fp4gen.options import QuantizeOptions, column_sums_dtype
 from fp4gen.rng import RNGState
 
 # positions of the GEMM families' C parameters
@@ -69,7 +69,7 @@ def launches(monkeypatch):
     state = SimpleNamespace(pending=False, expressible=True, calls=calls, quantize=HostKernel("quantize", calls),
                             gemm=HostKernel("gemm", calls))
 
-    def quantize_plan(x, scaling, block, rowwise, columnwise, options, column_sums=False):
+    def quantize_plan(x, scaling, block, rowwise, columnwise, options, column_sums=None):
         rows, cols = x.shape
         plan = LaunchPlan()
 
@@ -78,7 +78,7 @@ def launches(monkeypatch):
                     plan.buffer(r if scaling == "row" else 1, dtype=torch.float32))
         row = copy(rows, cols) if rowwise else None
         col = copy(cols, rows) if columnwise else None
-        sums = plan.buffer(cols, dtype=torch.float32) if column_sums else None
+        sums = plan.buffer(cols, dtype=column_sums) if column_sums is not None else None
         plan.launch(state.quantize, INPUT, RNG, *(row or (None,) * 3), *(col or (None,) * 3), sums)
         plan.result = (row, col, 448.0, sums)
         return plan
@@ -379,7 +379,8 @@ class ReferenceSteps:
         backward = LaunchPlan(inputs=9)  # dy, the random state, W columnwise, X columnwise, main_grad
         dx = backward.buffer(m, k, dtype=x2d.dtype) if needs_x_grad else None
         dw = backward.buffer(n, k, dtype=w_dtype) if need_wgrad and main_grad is None else None
-        sums = backward.buffer(n, dtype=torch.float32) if sums_with_dy else None
+        sums_dtype = column_sums_dtype(bias_dtype, x2d.dtype) if sums_with_dy else None
+        sums = backward.buffer(n, dtype=sums_dtype) if sums_with_dy else None
         x_col_layouts = layouts[1:]
 
         def run_backward(words):
@@ -388,7 +389,7 @@ class ReferenceSteps:
             rng = RNGState.from_tensor(_at(words[1], (2,), torch.int64)) if words[1] else None
             options = QuantizeOptions(recipe.gradient_rounding, rng, recipe.hadamard_wgrad and need_wgrad, None)
             out = reference.quantize(dy, recipe.gradient_scaling, (1, 16), needs_x_grad, need_wgrad, options,
-                                     column_sums=sums_with_dy)
+                                     column_sums=sums_dtype)
             if needs_x_grad:
                 w = NVFP4Data._made_by_fp4gen(*(_at(a, t.shape, t.dtype) for a, t in zip(words[2:5], w_col)),
                                               w_e4m3_max)
@@ -401,7 +402,7 @@ class ReferenceSteps:
                 else:
                     _at(words[10], (n, k), w_dtype).copy_(reference.gemm(out[1], x, w_dtype, None, False))
             if sums_with_dy:
-                _at(words[11], (n,), torch.float32).copy_(out[2])
+                _at(words[11], (n,), sums_dtype).copy_(out[2])
         backward.launch(self._kernel("reference backward", run_backward), *(Slot(i) for i in range(9)),
                         dx, dw, sums)
         linear_steps._share(backward, [dx, dw, sums])

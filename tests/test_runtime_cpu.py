@@ -122,21 +122,35 @@ def test_built_dequantize_library_checks_problems(name):
 @pytest.mark.parametrize("name", _kernels("amax_hadamard"))
 def test_built_amax_hadamard_library_checks_problems(name):
     kernel = library.load_kernel(name)
-    # x, stride, rows, cols, row_amax, col_amax, row_tensor_amax, col_tensor_amax, col_sum, workspace
-    ok = (0x1000, 64, 32, 64, 0x2000, 0x3000, None, 0x4000, None, None)
+    # x, stride, rows, cols, row_amax, col_amax, row_tensor_amax, col_tensor_amax, col_sum, col_sum_in_x_dtype,
+    # workspace
+    ok = (0x1000, 64, 32, 64, 0x2000, 0x3000, None, 0x4000, None, 0, None)
     assert kernel.can_implement(*ok) == 0
     assert kernel.workspace_size(*ok) == 0  # no column sums, no workspace
     assert kernel.can_implement(0x1008, *ok[1:]) == 2  # x not 16-byte aligned
     assert kernel.can_implement(*ok[:2], 40, *ok[3:]) == 1  # rows not whole 16-row groups
-    assert kernel.can_implement(*ok[:4], None, None, None, None, None, None) == 1  # nothing to compute
+    assert kernel.can_implement(*ok[:4], None, None, None, None, None, 0, None) == 1  # nothing to compute
     # column sums: with tensor amaxes only, one fp32 partial a column for each chain group of 16-row groups
     # (rows 32: one), in a workspace the call must pass
-    sums = (0x1000, 64, 32, 64, None, None, 0x2000, 0x3000, 0x5000, 0x6000)
+    sums = (0x1000, 64, 32, 64, None, None, 0x2000, 0x3000, 0x5000, 0, 0x6000)
     assert kernel.can_implement(*sums) == 0
     assert kernel.workspace_size(*sums) == 1 * 64 * 4
-    assert kernel.can_implement(*sums[:9], None) == 1  # no workspace
-    assert kernel.can_implement(*sums[:8], 0x5002, 0x6000) == 2  # col_sum not 4-byte aligned
-    assert kernel.can_implement(*ok[:8], 0x5000, 0x6000) == 1  # not with per-row or per-column amaxes
+    assert kernel.can_implement(*sums[:10], None) == 1  # no workspace
+    assert kernel.can_implement(*ok[:8], 0x5000, 0, 0x6000) == 1  # not with per-row or per-column amaxes
+    _check_column_sum_arguments(kernel, sums)
+
+
+def _check_column_sum_arguments(kernel, sums):
+    """An amax kernel's checks of col_sum (sums[-3]) and col_sum_in_x_dtype (sums[-2]) on a valid call `sums`:
+    fp32 sums need 4-byte alignment, sums in x's dtype its element size; the flag is 0 or 1; the partials'
+    workspace is fp32 either way."""
+    element = {"bf16": 2, "fp16": 2, "fp32": 4}[kernel.name.split("_")[-2]]
+    at_2 = (*sums[:-3], 0x5002)
+    assert kernel.can_implement(*at_2, 0, sums[-1]) == 2  # fp32 sums not 4-byte aligned
+    assert kernel.can_implement(*at_2, 1, sums[-1]) == (0 if element == 2 else 2)
+    assert kernel.can_implement(*sums[:-2], 1, sums[-1]) == 0
+    assert kernel.can_implement(*sums[:-2], 2, sums[-1]) == 1  # the flag is 0 or 1
+    assert kernel.workspace_size(*sums[:-2], 1, sums[-1]) == kernel.workspace_size(*sums)
 
 
 @needs_build
@@ -199,21 +213,21 @@ def test_built_quantize_grouped_library_checks_problems(name):
 @pytest.mark.parametrize("name", _kernels("amax"))
 def test_built_amax_library_checks_problems(name):
     kernel = library.load_kernel(name)
-    # x, stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum, workspace
-    ok = (0x1000, 64, 32, 64, 0x2000, 0x3000, None, None, None)
+    # x, stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum, col_sum_in_x_dtype, workspace
+    ok = (0x1000, 64, 32, 64, 0x2000, 0x3000, None, None, 0, None)
     assert kernel.can_implement(*ok) == 0
     assert kernel.workspace_size(*ok) == 0  # no column sums, no workspace
     assert kernel.can_implement(0x1008, *ok[1:]) == 2  # x not 16-byte aligned
     assert kernel.can_implement(0x1000, 65, *ok[2:]) == 2  # row stride breaks 16-byte row starts
     assert kernel.can_implement(*ok[:3], 40, *ok[4:]) == 1  # cols not a multiple of 16
-    assert kernel.can_implement(*ok[:4], None, None, None, None, None) == 1  # nothing to compute
+    assert kernel.can_implement(*ok[:4], None, None, None, None, 0, None) == 1  # nothing to compute
     # column sums: one fp32 partial a column for each 64-row slice, in a workspace the call must pass
-    sums = (0x1000, 64, 32, 64, None, None, 0x2000, 0x5000, 0x6000)
+    sums = (0x1000, 64, 32, 64, None, None, 0x2000, 0x5000, 0, 0x6000)
     assert kernel.can_implement(*sums) == 0
-    assert kernel.can_implement(*sums[:8], None) == 1
-    assert kernel.can_implement(*sums[:7], 0x5002, 0x6000) == 2  # col_sum not 4-byte aligned
+    assert kernel.can_implement(*sums[:9], None) == 1
     assert kernel.workspace_size(*sums) == 1 * 64 * 4
     assert kernel.workspace_size(0x1000, 64, 130, *sums[3:]) == 3 * 64 * 4
+    _check_column_sum_arguments(kernel, sums)
 
 
 @needs_build

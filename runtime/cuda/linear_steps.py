@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import BLOCK, NVFP4Data
-from ..options import QuantizeOptions
+from ..options import QuantizeOptions, column_sums_dtype
 from ..rng import OFFSETS_PER_CALL
 from . import launcher, ops
 from .launch_plan import LaunchPlan, Slot, remember
@@ -178,7 +178,8 @@ def _build_training(x2d, weight, w_row, w_col, recipe, needs_x_grad, need_wgrad,
     # dY as autograd hands it over: contiguous, at an aligned address (the launcher copies any other into one)
     dy = torch.empty(x2d.shape[0], w_row[0].shape[0], dtype=x2d.dtype, device=x2d.device)
     x_col = _stand_in(forward.plan, forward.x_col, x2d.device) if forward.x_col else None
-    backward = _build_backward(dy, w_col, x_col, main_grad, recipe, needs_x_grad, need_wgrad, sums_with_dy,
+    sums_dtype = column_sums_dtype(bias_dtype, dy.dtype) if sums_with_dy else None
+    backward = _build_backward(dy, w_col, x_col, main_grad, recipe, needs_x_grad, need_wgrad, sums_dtype,
                                x2d.dtype, weight.dtype, x_e4m3_max, w_e4m3_max)
     if backward is None:
         return None

@@ -10,7 +10,7 @@ import sys
 import torch
 
 from ..formats import NVFP4Data
-from ..options import DEFAULT_OPTIONS, QuantizeOptions
+from ..options import DEFAULT_OPTIONS, QuantizeOptions, check_column_sums
 from ..swizzle import swizzle_scales
 from .launch_plan import INPUT, RNG, LaunchPlan, Slot, raw_stream, remember
 from .library import load_kernel
@@ -154,7 +154,7 @@ def plain_kernels_take(x: torch.Tensor, block: tuple, columnwise: bool, options:
 
 
 def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-             options: QuantizeOptions = DEFAULT_OPTIONS, column_sums: bool = False):
+             options: QuantizeOptions = DEFAULT_OPTIONS, column_sums: torch.dtype | None = None):
     """Row-scaled with a rowwise copy (see uses_row_pass): the row pass, then the columnwise-only quantize kernel
     if the columnwise copy is asked for. Otherwise: the amax pass (its outputs zeroed by a kernel of its own),
     then the quantize kernel. Each launch after the first is a programmatic dependent of the one before; no
@@ -166,11 +166,11 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     x's alignment and the arguments; block is a tuple) and kept as a launch plan (launch_plan.py): a repeated
     call allocates its outputs and launches.
 
-    column_sums (tensor scaling only): also x's column sums [K] in fp32 (a gradient's bias gradient), made by
-    the amax pass that reads x anyway (amax.cuh); then returns (rowwise, columnwise, sums)."""
+    column_sums (tensor scaling only): also x's column sums [K] (a gradient's bias gradient) in this dtype,
+    torch.float32 or x's own (summed in fp32, rounded once), made by the amax pass that reads x anyway
+    (amax.cuh); then returns (rowwise, columnwise, sums)."""
     rows, cols = x.shape
-    if column_sums and scaling != "tensor":
-        raise ValueError("column_sums are made by the amax pass of tensor scaling; scaling is " + repr(scaling))
+    check_column_sums(column_sums, scaling, x.dtype)
     if rows > 0 and cols > 1 and x.stride(1) != 1:
         raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
                          f"elements (last stride 1); pass x.contiguous()")
@@ -178,11 +178,12 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     buffers = plan.run(_launch, [x, _rng_state(options)], x.device)
     row, col, e4m3_max, sums = plan.result
     copies = _copy(plan, buffers, row, e4m3_max), _copy(plan, buffers, col, e4m3_max)
-    return (*copies, plan.tensor(buffers, sums)) if column_sums else copies
+    return (*copies, plan.tensor(buffers, sums)) if column_sums is not None else copies
+
 
 
 def quantize_plan(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-                  options: QuantizeOptions, column_sums: bool = False) -> LaunchPlan:
+                  options: QuantizeOptions, column_sums: torch.dtype | None = None) -> LaunchPlan:
     """The launch plan of quantize() for this kind of call (made on the first one): its inputs are x and the random
     state; plan.result is (rowwise copy's (data, scale, amax) slots or None, the columnwise copy's, e4m3_max, the
     column sums' slot or None)."""
@@ -205,7 +206,7 @@ def _copy(plan: LaunchPlan, buffers: list, slots, e4m3_max: float):
 
 
 def _plan_quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-                   options: QuantizeOptions, column_sums: bool) -> LaunchPlan:
+                   options: QuantizeOptions, column_sums) -> LaunchPlan:
     if not plain_kernels_take(x, block, columnwise, options):
         return _plan_with_options(x, scaling, block, rowwise, columnwise, options, column_sums)
     if options.hadamard:
@@ -213,22 +214,26 @@ def _plan_quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, c
     return _plan_plain(x, scaling, block, rowwise, columnwise, options, column_sums)
 
 
-def _plan_column_sums(plan: LaunchPlan, amax_kernel, rows: int, cols: int, wanted: bool, vector_amax: bool) -> tuple:
-    """(col_sum, workspace) slots for an amax pass that also sums x's columns, or (None, None). The workspace
-    size depends only on the shape and on which amaxes the pass makes (workspace_size reads no pointer: a
-    placeholder address stands for each output that is not null)."""
-    if not wanted:
-        return None, None
-    col_sum = _amax(plan, cols)
+def _plan_column_sums(plan: LaunchPlan, amax_kernel, x: torch.Tensor, dtype, vector_amax: bool) -> tuple:
+    """The amax pass's (col_sum, col_sum_in_x_dtype, workspace) arguments for x's column sums in `dtype`
+    (torch.float32 or x's dtype), or (None, 0, None) for no sums (dtype None). The workspace size depends only on
+    the shape and on which amaxes the pass makes (workspace_size reads no pointer: a placeholder address stands
+    for each output that is not null)."""
+    if dtype is None:
+        return None, 0, None
+    rows, cols = x.shape
+    in_x_dtype = 1 if dtype == x.dtype else 0  # fp32 x: either way
+    col_sum = plan.buffer(cols, dtype=dtype)
     amaxes = (16, 16, None) if vector_amax else (None, None, 16)
     if amax_kernel.family == "amax_hadamard":
         amaxes = (16, 16, None, None) if vector_amax else (None, None, 16, 16)
-    workspace_bytes = amax_kernel.workspace_size(None, cols, rows, cols, *amaxes, 16, None) if rows and cols else 0
-    return col_sum, (plan.buffer(workspace_bytes) if workspace_bytes else None)
+    workspace_bytes = amax_kernel.workspace_size(None, cols, rows, cols, *amaxes, 16, in_x_dtype, None) \
+        if rows and cols else 0
+    return col_sum, in_x_dtype, (plan.buffer(workspace_bytes) if workspace_bytes else None)
 
 
 def _plan_plain(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-                options: QuantizeOptions, column_sums: bool) -> LaunchPlan:
+                options: QuantizeOptions, column_sums) -> LaunchPlan:
     """The row pass (then the columnwise-only kernel), or the amax pass then the quantize kernels."""
     rows, cols = x.shape
     device, row_scaled = x.device, scaling == "row"
@@ -260,12 +265,12 @@ def _plan_plain(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, colu
     else:
         row_amax = col_amax = tensor_amax = _amax(plan, 1)
     row_data, row_scale, col_data, col_scale = _plan_outputs(plan, rows, cols, rowwise, columnwise)
-    col_sum, sum_workspace = _plan_column_sums(plan, first_kernel, rows, cols, column_sums, False)
+    sums = _plan_column_sums(plan, first_kernel, x, column_sums, False)
     plan.result = _result(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0,
-                          col_sum)
+                          sums[0])
     stride = x.stride(0) if rows > 1 else cols
     if rows == 0 or cols == 0:  # nothing to read; an empty extent has amax 0 (as in the reference), sums 0
-        plan.zero(row_amax, col_amax, col_sum)
+        plan.zero(row_amax, col_amax, sums[0])
     elif row_pass:
         workspace_bytes = _row_pass_workspace_bytes(first_kernel, device.index, rows, cols, col_amax is not None)
         # from the allocator, on the launching stream: its memory is not reused before the kernels that read it ran
@@ -276,9 +281,9 @@ def _plan_plain(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, colu
                         col_scale, RNG)
     else:
         if tensor_amax is None:
-            plan.launch(first_kernel, INPUT, stride, rows, cols, row_amax, col_amax, None, None, None)
+            plan.launch(first_kernel, INPUT, stride, rows, cols, row_amax, col_amax, None, *sums)
         else:
-            plan.launch(first_kernel, INPUT, stride, rows, cols, None, None, tensor_amax, col_sum, sum_workspace)
+            plan.launch(first_kernel, INPUT, stride, rows, cols, None, None, tensor_amax, *sums)
         for direction, kernel in quantize_kernels:
             row = (row_amax, row_data, row_scale) if direction != "columnwise" else (None, None, None)
             col = (col_amax, col_data, col_scale) if direction != "rowwise" else (None, None, None)
@@ -313,7 +318,7 @@ def _result(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_sc
 
 
 def _plan_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
-                       options: QuantizeOptions, column_sums: bool) -> LaunchPlan:
+                       options: QuantizeOptions, column_sums) -> LaunchPlan:
     """The options the plain kernels do not take (plain_kernels_take): an amax pass (amax_hadamard with the
     transform: the columnwise amaxes are then those of the transformed copy), then the quantize_options kernel
     of the options, which takes the copies, the scaling and the block shape as arguments. Stochastic rounding
@@ -338,7 +343,7 @@ def _plan_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: boo
     else:
         row_amax = col_amax = _amax(plan, 1)
     row_data, row_scale, col_data, col_scale = _plan_outputs(plan, rows, cols, rowwise, columnwise)
-    sums = _plan_column_sums(plan, amax_kernel, rows, cols, column_sums, row_scaled)
+    sums = _plan_column_sums(plan, amax_kernel, x, column_sums, row_scaled)
     e4m3_max = 448.0 if options.four_over_six is None else 256.0
     plan.result = _result(rowwise, columnwise, row_data, row_scale, row_amax, col_data, col_scale, col_amax,
                           e4m3_max, sums[0])
@@ -358,7 +363,7 @@ def _plan_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: boo
 
 
 def _plan_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: QuantizeOptions,
-                   column_sums: bool) -> LaunchPlan:
+                   column_sums) -> LaunchPlan:
     """The columnwise copy with the Hadamard transform (and the rowwise copy, if asked for), 1x16 blocks, rounded
     as options say, in the plain kernels' structure: the columnwise-only quantize kernel transforms each tile in
     place. Before it, row scaling with a rowwise copy takes the row pass with the transform where the manifest
@@ -393,7 +398,7 @@ def _plan_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: Quanti
     row_data, row_scale, col_data, col_scale = _plan_outputs(plan, rows, cols, rowwise, True)
     # (column sums come with tensor scaling, which never takes the row pass)
     amax_kernel = None if row_pass_kernel is not None else _kernel_for("amax_hadamard", device, in_dtype, cols, pointers)
-    sums = _plan_column_sums(plan, amax_kernel, rows, cols, column_sums, row_scaled)
+    sums = _plan_column_sums(plan, amax_kernel, x, column_sums, row_scaled)
     plan.result = _result(rowwise, True, row_data, row_scale, row_amax, col_data, col_scale, col_amax, 448.0, sums[0])
     if rows == 0 or cols == 0:
         plan.zero(row_amax, col_amax, sums[0])
@@ -413,7 +418,7 @@ def _plan_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: Quanti
 def _plan_amax_hadamard(plan: LaunchPlan, kernel, stride: int, rows: int, cols: int, row_scaled: bool, row_amax,
                         col_amax, sums: tuple) -> None:
     """row_amax (of x) and col_amax (of the transformed x.T), either may be None: per row / per column with
-    row scaling, else one each (the kernel's tensor outputs); sums: (col_sum, workspace) slots or Nones."""
+    row scaling, else one each (the kernel's tensor outputs); sums: _plan_column_sums's arguments."""
     per_vector = (row_amax, col_amax) if row_scaled else (None, None)
     per_tensor = (None, None) if row_scaled else (row_amax, col_amax)
     plan.launch(kernel, INPUT, stride, rows, cols, *per_vector, *per_tensor, *sums)

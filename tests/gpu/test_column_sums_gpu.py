@@ -1,5 +1,6 @@
 """Column sums from the amax pass (a gradient's bias gradient, db = dY summed over rows): on every tensor-scaled
-path (the amax pass, the Hadamard amax pass, the option kernels' amax passes), against a float64 sum."""
+path (the amax pass, the Hadamard amax pass, the option kernels' amax passes), against a float64 sum; in x's own
+dtype, the fp32 sums rounded once (as torch's conversion rounds them), bit for bit."""
 import pytest
 import torch
 
@@ -46,30 +47,61 @@ def _assert_sums_close(got: torch.Tensor, x: torch.Tensor):
 def test_column_sums_match_float64_and_leave_the_copies_alone(label, dtype, kw, block, rows, cols):
     torch.manual_seed(rows + cols)
     x = torch.randn(rows, cols, device="cuda").to(dtype)
-    row, col, sums = _quantize(x, kw, block, True)
+    row, col, sums = _quantize(x, kw, block, torch.float32)
     _assert_sums_close(sums, x)
-    plain_row, plain_col = _quantize(x, kw, block, False)  # same random state: the same bytes
+    plain_row, plain_col = _quantize(x, kw, block, None)  # same random state: the same bytes
     for got, want in ((row, plain_row), (col, plain_col)):
         assert torch.equal(got.data, want.data) and torch.equal(got.scale.view(torch.uint8), want.scale.view(torch.uint8))
         assert torch.equal(got.amax, want.amax)
-    again = _quantize(x, kw, block, True)[2]
+    again = _quantize(x, kw, block, torch.float32)[2]
     assert torch.equal(again.view(torch.int32), sums.view(torch.int32)), "column sums must not depend on timing"
+    in_x_dtype = _quantize(x, kw, block, dtype)
+    _assert_same_bits(in_x_dtype[2], sums.to(dtype))
+    assert torch.equal(in_x_dtype[0].data, row.data) and torch.equal(in_x_dtype[1].data, col.data)
+
+
+def _assert_same_bits(got: torch.Tensor, want: torch.Tensor):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    bits = torch.int32 if got.element_size() == 4 else torch.int16
+    assert torch.equal(got.view(bits), want.view(bits))
 
 
 @pytest.mark.parametrize("label,dtype,kw,block", PATHS, ids=[p[0] for p in PATHS])
 def test_column_sums_propagate_nan_and_of_no_rows_are_zero(label, dtype, kw, block):
     x = torch.randn(64, 160, device="cuda").to(dtype)
     x[5, 17] = float("nan")
-    sums = _quantize(x, kw, block, True)[2]
+    sums = _quantize(x, kw, block, torch.float32)[2]
     assert torch.isnan(sums[17]) and torch.isfinite(torch.cat([sums[:17], sums[18:]])).all()
+    _assert_same_bits(_quantize(x, kw, block, dtype)[2], sums.to(dtype))  # NaN's bits too
     empty = torch.empty(0, 160, device="cuda", dtype=dtype)
-    assert torch.equal(_quantize(empty, kw, block, True)[2], torch.zeros(160, device="cuda"))
+    for sums_dtype in (torch.float32, dtype):
+        _assert_same_bits(_quantize(empty, kw, block, sums_dtype)[2], torch.zeros(160, device="cuda", dtype=sums_dtype))
+
+
+def test_column_sums_in_x_dtype_round_to_nearest_even_and_overflow_as_torch():
+    # fp32 sums between two values of x's dtype, on ties (to even), and past fp16's largest finite value: the same
+    # bits as torch's conversion of the fp32 sums
+    cols = 64
+    j = torch.arange(cols, device="cuda", dtype=torch.float32)
+    for dtype, base, step in ((torch.bfloat16, 1.0, 2.0**-9), (torch.float16, 1024.0, 0.25)):
+        x = torch.zeros(32, cols, device="cuda", dtype=torch.float32)
+        x[0], x[1] = base, j * step  # x's dtype steps by 4 * step at base: j % 4 == 2 are ties
+        if dtype == torch.float16:
+            x[2:4, -8:] = 40000.0  # 80000 (and more): infinity in fp16
+        x = x.to(dtype)
+        fp32 = _quantize(x, {}, (1, 16), torch.float32)[2]
+        assert torch.equal(fp32[:cols - 8], base + j[:cols - 8] * step)  # exact in fp32
+        _assert_same_bits(_quantize(x, {}, (1, 16), dtype)[2], fp32.to(dtype))
+        if dtype == torch.float16:
+            assert torch.isinf(fp32.to(dtype)[-8:]).all()
 
 
 def test_column_sums_need_tensor_scaling():
     x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="tensor scaling"):
-        quantize_checked(x, "row", (1, 16), True, True, QuantizeOptions(), column_sums=True)
+        quantize_checked(x, "row", (1, 16), True, True, QuantizeOptions(), column_sums=torch.float32)
+    with pytest.raises(ValueError, match="neither torch.float32 nor"):
+        quantize_checked(x, "tensor", (1, 16), True, True, QuantizeOptions(), column_sums=torch.float16)
 
 
 @pytest.mark.parametrize("gradient_scaling", ["tensor", "row"])

@@ -37,8 +37,16 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_zero_kernel(float* row_amax
 // pass (whose partials it waits for) and the quantize kernel's programmatic predecessor.
 constexpr int kSumColumns = 32, kSumSegments = 8;
 
+// A column sum as col_sum holds it: fp32, or rounded once from its fp32 value to x's dtype (to nearest even, by
+// the conversion instruction that torch's CUDA conversions use: the same bits, NaN's included, as the fp32 sums
+// converted afterwards), so that a bias gradient comes out in the bias's dtype without another launch.
+__device__ __forceinline__ void store_sum(float* out, float sum) { *out = sum; }
+__device__ __forceinline__ void store_sum(__half* out, float sum) { *out = __float2half_rn(sum); }
+__device__ __forceinline__ void store_sum(__nv_bfloat16* out, float sum) { *out = __float2bfloat16_rn(sum); }
+
+template <class SumT>
 __global__ void __launch_bounds__(kSumColumns * kSumSegments)
-    column_sum_reduce_kernel(const float* __restrict__ partials, int64_t parts, int64_t cols, float* col_sum) {
+    column_sum_reduce_kernel(const float* __restrict__ partials, int64_t parts, int64_t cols, SumT* col_sum) {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
   __shared__ float segment_sum[kSumSegments][kSumColumns];
@@ -56,22 +64,41 @@ __global__ void __launch_bounds__(kSumColumns * kSumSegments)
   if (segment == 0 && col < cols) {
 #pragma unroll
     for (int i = 1; i < kSumSegments; ++i) sum += segment_sum[i][c];
-    col_sum[col] = sum;
+    store_sum(col_sum + col, sum);
   }
+}
+
+// col_sum_in_x_dtype (a run-time argument of the amax families, 0 or 1): whether col_sum holds x's dtype (1) or
+// fp32 (0). The element size and alignment col_sum needs for it.
+template <class InT>
+constexpr size_t column_sum_bytes(int64_t col_sum_in_x_dtype) {
+  return col_sum_in_x_dtype ? sizeof(InT) : sizeof(float);
+}
+
+// Whether col_sum and the flag are valid: kOk, kInvalidProblem (a flag other than 0 or 1) or kMisaligned.
+template <class InT>
+int column_sum_can_implement(const void* col_sum, int64_t col_sum_in_x_dtype) {
+  if (col_sum_in_x_dtype != 0 && col_sum_in_x_dtype != 1) return kInvalidProblem;
+  return aligned(col_sum, column_sum_bytes<InT>(col_sum_in_x_dtype)) ? kOk : kMisaligned;
 }
 
 // Launches column_sum_reduce_kernel as the programmatic dependent of the amax pass just launched; an empty x's
 // sums are zeros.
-inline int launch_column_sum_reduce(const float* partials, int64_t parts, int64_t cols, float* col_sum,
-                                    cudaStream_t stream) {
+template <class InT>
+int launch_column_sum_reduce(const float* partials, int64_t parts, int64_t cols, void* col_sum,
+                             int64_t col_sum_in_x_dtype, cudaStream_t stream) {
   if (cols == 0) return kOk;
   if (parts == 0) {
-    const cudaError_t err = cudaMemsetAsync(col_sum, 0, cols * sizeof(float), stream);
+    const cudaError_t err = cudaMemsetAsync(col_sum, 0, cols * column_sum_bytes<InT>(col_sum_in_x_dtype), stream);
     return err == cudaSuccess ? kOk : kCudaErrorBase + static_cast<int>(err);
   }
-  return launch_programmatic_dependent(column_sum_reduce_kernel,
-                                       dim3(static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns)),
-                                       dim3(kSumColumns * kSumSegments), 0, stream, partials, parts, cols, col_sum);
+  const dim3 grid(static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns)), block(kSumColumns * kSumSegments);
+  if (col_sum_in_x_dtype) {
+    return launch_programmatic_dependent(column_sum_reduce_kernel<InT>, grid, block, 0, stream, partials, parts, cols,
+                                         static_cast<InT*>(col_sum));
+  }
+  return launch_programmatic_dependent(column_sum_reduce_kernel<float>, grid, block, 0, stream, partials, parts, cols,
+                                       static_cast<float*>(col_sum));
 }
 
 // kColumnSums: a variant of its own, so that the amaxes alone keep their registers (48 against 59 on sm_90a).
@@ -175,18 +202,20 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const InT* __restric
 inline int64_t amax_sum_parts(int64_t rows) { return (rows + kAmaxTileRows - 1) / kAmaxTileRows; }
 
 template <class InT>
-size_t amax_workspace_size(const void*, int64_t, int64_t rows, int64_t cols, float*, float*, float*, float* col_sum,
-                           void*) {
+size_t amax_workspace_size(const void*, int64_t, int64_t rows, int64_t cols, float*, float*, float*, void* col_sum,
+                           int64_t, void*) {
   return col_sum == nullptr || rows <= 0 || cols <= 0 ? 0 : static_cast<size_t>(amax_sum_parts(rows) * cols) * sizeof(float);
 }
 
 template <class InT>
 int amax_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
-                       float* col_amax, float* tensor_amax, float* col_sum, void* workspace) {
+                       float* col_amax, float* tensor_amax, void* col_sum, int64_t col_sum_in_x_dtype,
+                       void* workspace) {
   constexpr int64_t kTileCols = 32 * Element<InT>::kPerVector;
   if (rows < 0 || cols < 0 || cols % 16 != 0) return kInvalidProblem;
   if (col_sum != nullptr && rows > 0 && cols > 0 && workspace == nullptr) return kInvalidProblem;
-  if (!aligned(col_sum, 4) || !aligned(workspace, 4)) return kMisaligned;
+  if (const int sums = column_sum_can_implement<InT>(col_sum, col_sum_in_x_dtype); sums != kOk) return sums;
+  if (!aligned(workspace, 4)) return kMisaligned;
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
   if ((cols + kTileCols - 1) / kTileCols > 65535) return kInvalidProblem;  // gridDim.y
   if (row_amax == nullptr && col_amax == nullptr && tensor_amax == nullptr) return kInvalidProblem;
@@ -197,16 +226,17 @@ int amax_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_
 
 template <class InT>
 int amax_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax, float* col_amax,
-             float* tensor_amax, float* col_sum, void* workspace, cudaStream_t stream) {
-  const int status =
-      amax_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum, workspace);
+             float* tensor_amax, void* col_sum, int64_t col_sum_in_x_dtype, void* workspace, cudaStream_t stream) {
+  const int status = amax_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax, tensor_amax, col_sum,
+                                             col_sum_in_x_dtype, workspace);
   if (status != kOk) return status;
   // atomicMax accumulates into the outputs, so they start at +0 (also the amax of an empty extent)
   const int64_t zero_blocks = std::min<int64_t>((rows + cols + kAmaxThreads) / kAmaxThreads, 1024);
   amax_zero_kernel<<<static_cast<unsigned>(zero_blocks), kAmaxThreads, 0, stream>>>(row_amax, rows, col_amax, cols,
                                                                                    tensor_amax);
   if (const int zeroed = launch_status(); zeroed != kOk || rows == 0 || cols == 0) {
-    return zeroed != kOk || col_sum == nullptr ? zeroed : launch_column_sum_reduce(nullptr, 0, cols, col_sum, stream);
+    if (zeroed != kOk || col_sum == nullptr) return zeroed;
+    return launch_column_sum_reduce<InT>(nullptr, 0, cols, col_sum, col_sum_in_x_dtype, stream);
   }
   // the zeroing's programmatic dependent (amax_kernel waits for it before its atomics)
   constexpr int64_t kTileCols = 32 * Element<InT>::kPerVector;
@@ -217,7 +247,7 @@ int amax_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, fl
                                                      static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax,
                                                      col_amax, tensor_amax, partials);
   if (launched != kOk || col_sum == nullptr) return launched;
-  return launch_column_sum_reduce(partials, amax_sum_parts(rows), cols, col_sum, stream);
+  return launch_column_sum_reduce<InT>(partials, amax_sum_parts(rows), cols, col_sum, col_sum_in_x_dtype, stream);
 }
 
 }  // namespace fp4gen

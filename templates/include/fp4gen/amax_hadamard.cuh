@@ -214,19 +214,20 @@ __global__ void __launch_bounds__(kTensorAmaxThreads, 2)
 // The column sums' workspace: one partial a column for each chain group of the tensor kernel.
 template <class InT>
 size_t amax_hadamard_workspace_size(const void*, int64_t, int64_t rows, int64_t cols, float* row_amax,
-                                    float* col_amax, float*, float*, float* col_sum, void*) {
+                                    float* col_amax, float*, float*, void* col_sum, int64_t, void*) {
   if (col_sum == nullptr || row_amax != nullptr || col_amax != nullptr || rows <= 0 || cols <= 0) return 0;
   return static_cast<size_t>(tensor_amax_sum_chain_groups<InT>(rows, cols) * cols) * sizeof(float);
 }
 
 template <class InT>
 int amax_hadamard_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
-                                float* col_amax, float* row_tensor_amax, float* col_tensor_amax, float* col_sum,
-                                void* workspace) {
+                                float* col_amax, float* row_tensor_amax, float* col_tensor_amax, void* col_sum,
+                                int64_t col_sum_in_x_dtype, void* workspace) {
   if (rows < 0 || cols < 0 || cols % 16 != 0 || rows % 16 != 0) return kInvalidProblem;  // 16-row groups
   if (col_sum != nullptr && (row_amax != nullptr || col_amax != nullptr)) return kInvalidProblem;  // tensor only
   if (col_sum != nullptr && rows > 0 && cols > 0 && workspace == nullptr) return kInvalidProblem;
-  if (!aligned(col_sum, 4) || !aligned(workspace, 4)) return kMisaligned;
+  if (const int sums = column_sum_can_implement<InT>(col_sum, col_sum_in_x_dtype); sums != kOk) return sums;
+  if (!aligned(workspace, 4)) return kMisaligned;
   if (rows > 1 && x_row_stride < cols) return kInvalidProblem;
   if ((cols + kHadamardAmaxTile - 1) / kHadamardAmaxTile > 65535) return kInvalidProblem;  // gridDim.y
   if (row_amax == nullptr && col_amax == nullptr && row_tensor_amax == nullptr && col_tensor_amax == nullptr)
@@ -238,10 +239,11 @@ int amax_hadamard_can_implement(const void* x, int64_t x_row_stride, int64_t row
 
 template <class InT>
 int amax_hadamard_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, float* row_amax,
-                      float* col_amax, float* row_tensor_amax, float* col_tensor_amax, float* col_sum,
-                      void* workspace, cudaStream_t stream) {
+                      float* col_amax, float* row_tensor_amax, float* col_tensor_amax, void* col_sum,
+                      int64_t col_sum_in_x_dtype, void* workspace, cudaStream_t stream) {
   const int status = amax_hadamard_can_implement<InT>(x, x_row_stride, rows, cols, row_amax, col_amax,
-                                                      row_tensor_amax, col_tensor_amax, col_sum, workspace);
+                                                      row_tensor_amax, col_tensor_amax, col_sum, col_sum_in_x_dtype,
+                                                      workspace);
   if (status != kOk) return status;
   // atomicMax accumulates into the outputs, so they start at +0 (also the amax of an empty extent)
   const struct { float* ptr; int64_t count; } outputs[] = {
@@ -251,7 +253,10 @@ int amax_hadamard_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t
     const cudaError_t err = cudaMemsetAsync(out.ptr, 0, out.count * sizeof(float), stream);
     if (err != cudaSuccess) return kCudaErrorBase + static_cast<int>(err);
   }
-  if (rows == 0 || cols == 0) return col_sum == nullptr ? kOk : launch_column_sum_reduce(nullptr, 0, cols, col_sum, stream);
+  if (rows == 0 || cols == 0) {
+    if (col_sum == nullptr) return kOk;
+    return launch_column_sum_reduce<InT>(nullptr, 0, cols, col_sum, col_sum_in_x_dtype, stream);
+  }
   float* partials = col_sum != nullptr ? static_cast<float*>(workspace) : nullptr;  // (tensor amaxes only)
   if (row_amax == nullptr && col_amax == nullptr) {
     const int64_t patches = rows / 16 * (cols / Element<InT>::kPerVector);
@@ -274,7 +279,8 @@ int amax_hadamard_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t
   }
   const int launched = launch_status();
   if (launched != kOk || partials == nullptr) return launched;
-  return launch_column_sum_reduce(partials, tensor_amax_sum_chain_groups<InT>(rows, cols), cols, col_sum, stream);
+  return launch_column_sum_reduce<InT>(partials, tensor_amax_sum_chain_groups<InT>(rows, cols), cols, col_sum,
+                                       col_sum_in_x_dtype, stream);
 }
 
 }  // namespace fp4gen
