@@ -181,7 +181,6 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     return (*copies, plan.tensor(buffers, sums)) if column_sums is not None else copies
 
 
-
 def quantize_plan(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnwise: bool,
                   options: QuantizeOptions, column_sums: torch.dtype | None = None) -> LaunchPlan:
     """The launch plan of quantize() for this kind of call (made on the first one): its inputs are x and the random
