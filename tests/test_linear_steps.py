@@ -219,6 +219,23 @@ def test_a_training_step_without_dgrad_makes_the_weight_gradient_in_the_weights_
     assert tuple(t.weight.grad.shape) == (48, 64) and t.x.grad is None
 
 
+def test_a_training_step_takes_the_bias_gradient_in_the_bias_dtype_from_dys_quantization(launches):
+    # bias in dY's dtype: the sums are written in it, and db is that buffer itself (no conversion afterwards)
+    t = _training(dtype=torch.bfloat16)
+    y = t.run()
+    launches.calls.clear()
+    y.backward(torch.randn(32, 48, dtype=torch.bfloat16))
+    (_, q), _, _ = launches.calls
+    assert t.bias.grad.data_ptr() == q[8] and t.bias.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("bias_dtype,sums_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                                   (torch.float16, torch.float32)])
+def test_column_sums_come_in_the_bias_dtype_where_the_kernels_write_it(bias_dtype, sums_dtype):
+    # dY in bf16 (autocast): a bf16 or fp32 bias gets its own dtype; an fp16 one fp32 sums, converted after
+    assert column_sums_dtype(bias_dtype, torch.bfloat16) == sums_dtype
+
+
 def test_a_training_step_sums_row_scaled_gradients_for_the_bias_itself(launches):
     t = _training(fp4gen.Recipe(gradient_scaling="row"), dtype=torch.bfloat16)
     y = t.run()
