@@ -100,7 +100,7 @@ def test_linear_steps_as_one_plan_equal_the_separate_calls(launch_with, monkeypa
 def test_a_failing_launch_raises_the_kernels_error_through_the_cpp_launcher(launch_with):
     launch_with("cpp")
     x = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
-    plan = ops._plan_quantize(x, "row", (1, 16), True, False, DEFAULT_OPTIONS, False)
+    plan = ops._plan_quantize(x, "row", (1, 16), True, False, DEFAULT_OPTIONS, None)
     kernel, template, slots = plan.launches[0]
     # the same kernel told the rows have 63 columns: it refuses the problem (not a multiple of 16) before launching
     assert template[3] == 64
