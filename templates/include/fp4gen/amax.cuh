@@ -1,6 +1,6 @@
 // The amax pass: per-row amax [M], per-column amax [K] and/or the tensor amax [1] of x [M, K], all from
-// one read of x with coalesced 16-byte loads; and, when asked, the column sums [K] of x in fp32 (a gradient's
-// bias gradient, from the read the gradient's quantization makes anyway).
+// one read of x with coalesced 16-byte loads; and, when asked, the column sums [K] of x, summed in fp32 and
+// written in fp32 or x's dtype (a gradient's bias gradient, from the read the gradient's quantization makes anyway).
 //
 // fp4gen's amaxes propagate NaN (unlike upstream: docs/numerics.md, deliberate differences). Maxima are
 // taken on |x|'s bit patterns as unsigned integers, where NaN > Inf > every finite value, so the ordinary

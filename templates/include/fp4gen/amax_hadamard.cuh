@@ -6,8 +6,8 @@
 // A CTA reads a 64 x 64 tile into shared memory (widened to fp32); thread t takes 16 elements of tile row
 // t / 4 and the 16-row group t / 64 of tile column t % 64, which it transforms.
 //
-// With tensor amaxes alone, the pass can also give the column sums of x (untransformed, fp32: a gradient's bias
-// gradient) as amax.cuh does: partial sums of fixed slices of rows to the workspace, added in order by
+// With tensor amaxes alone, the pass can also give the column sums of x (untransformed: a gradient's bias
+// gradient) as amax.cuh does, in fp32 or x's dtype: partial sums of fixed slices of rows to the workspace, added in order by
 // column_sum_reduce_kernel (amax_hadamard_tensor_sum_kernel below). Per-row or per-column amaxes with column
 // sums are refused: no caller asks for them (fp4gen sums only tensor-scaled gradients).
 #pragma once
