@@ -144,7 +144,7 @@ def _check_column_sum_arguments(kernel, sums):
     """An amax kernel's checks of col_sum (sums[-3]) and col_sum_in_x_dtype (sums[-2]) on a valid call `sums`:
     fp32 sums need 4-byte alignment, sums in x's dtype its element size; the flag is 0 or 1; the partials'
     workspace is fp32 either way."""
-    element = {"bf16": 2, "fp16": 2, "fp32": 4}[kernel.name.split("_")[-2]]
+    element = {"bf16": 2, "fp16": 2, "fp32": 4}[MANIFEST["kernels"][kernel.name]["values"]["in_dtype"]]
     at_2 = (*sums[:-3], 0x5002)
     assert kernel.can_implement(*at_2, 0, sums[-1]) == 2  # fp32 sums not 4-byte aligned
     assert kernel.can_implement(*at_2, 1, sums[-1]) == (0 if element == 2 else 2)
