@@ -15,11 +15,11 @@ import math
 import weakref
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import grouped_torch_ops
 from . import nn as _nn
 from .api import refuse_function_transforms
+from .first_order import first_order_only
 from .formats import BLOCK
 from .grouped import group_offsets
 from .lasting import made_to_last
@@ -67,7 +67,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable  # as fp4gen.nn.Linear's: a second backward raises
+    @first_order_only("fp4gen.nn.GroupedLinear", {0: (2,), 2: (0,)})  # dX on W, dW on X: a second backward raises
     def backward(ctx, dy):
         ops = grouped_torch_ops.for_caller()
         saved = ctx.saved_tensors

@@ -28,11 +28,11 @@ import warnings
 import weakref
 
 import torch
-from torch.autograd.function import once_differentiable
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from . import torch_ops
 from .api import INPUT_DTYPES, choose_backend, dtype_names, refuse_function_transforms
+from .first_order import first_order_only
 from .formats import BLOCK
 from .lasting import made_to_last
 from .options import column_sums_dtype
@@ -208,7 +208,7 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable  # its GEMMs run on quantized copies: a second backward raises, never silently drops them
+    @first_order_only("fp4gen.nn.Linear", {0: (1,), 1: (0,)})  # dX = dY W, dW = dYᵀ X: a second backward raises
     def backward(ctx, dy):
         ops = torch_ops.for_caller()
         saved = ctx.saved_tensors

@@ -268,7 +268,10 @@ def test_keep_quantized_weight_is_a_bool_and_convert_passes_it_on():
 
 def check_a_second_backward_raises(layer, x, *extra, message="differentiate twice"):
     """create_graph=True gives the first-order gradients unchanged, and a backward through them (a higher-order
-    gradient, which the quantized GEMMs do not define) raises instead of silently leaving the layer out."""
+    gradient, which the quantized GEMMs do not define) raises instead of silently leaving the layer out. That holds
+    for each gradient that depends on something requiring grad, also where dY does not (the gradient of a sum):
+    dX = dY W through W, dW = dYᵀ X through x. A gradient that depends on nothing requiring grad comes out as a
+    constant, as torch's does."""
     xg = x.clone().requires_grad_()
     (dx,) = torch.autograd.grad(layer(xg, *extra).square().sum(), xg)
     xg2 = x.clone().requires_grad_()
@@ -276,6 +279,22 @@ def check_a_second_backward_raises(layer, x, *extra, message="differentiate twic
     assert torch.equal(dx2.detach(), dx)
     with pytest.raises(RuntimeError, match=message):
         dx2.sum().backward()
+    # dY constant: dX still depends on W (a gradient penalty on the input would need W's second derivative)
+    (dx_sum,) = torch.autograd.grad(layer(xg2, *extra).sum(), xg2, create_graph=True)
+    with pytest.raises(RuntimeError, match=message):
+        (dx_sum.square().sum() + xg2.sum()).backward()  # x's own term would let it run, without W's part
+    (dw,) = torch.autograd.grad(layer(xg2, *extra).sum(), layer.weight, create_graph=True)
+    with pytest.raises(RuntimeError, match=message):
+        (dw.square().sum() + xg2.sum()).backward()
+    # nothing requiring grad behind the gradient: a constant
+    (dw_const,) = torch.autograd.grad(layer(x, *extra).sum(), layer.weight, create_graph=True)
+    layer.weight.requires_grad_(False)
+    try:
+        (dx_const,) = torch.autograd.grad(layer(xg2, *extra).sum(), xg2, create_graph=True)
+    finally:
+        layer.weight.requires_grad_(True)
+    assert not dw_const.requires_grad and not dx_const.requires_grad
+    assert torch.equal(dx_const, dx_sum.detach()) and torch.equal(dw_const, dw.detach())
 
 
 def test_a_second_backward_through_the_layer_raises():

@@ -258,17 +258,19 @@ at::Tensor reshaped_buffer(at::Tensor t, at::IntArrayRef sizes) {
   return t;
 }
 
-// grads, each made to require grad through a node that raises "trying to differentiate twice" if a backward reaches
-// it (what Python's once_differentiable returns).
-torch::autograd::variable_list first_order_only(torch::autograd::variable_list grads) {
-  for (at::Tensor& g : grads) {
-    if (g.defined()) g = g.detach().requires_grad_(true);
-  }
+// The gradients at the positions `marked`, each made to require grad through a node that raises "trying to
+// differentiate twice" if a backward reaches it (what Python's once_differentiable returns); the others unchanged.
+torch::autograd::variable_list first_order_only(torch::autograd::variable_list grads,
+                                               const std::vector<size_t>& marked) {
+  torch::autograd::variable_list raised;
+  for (size_t i : marked) raised.push_back(grads[i].detach().requires_grad_(true));
   auto error = std::make_shared<torch::autograd::DelayedError>(
-      "fp4gen.nn.Linear: trying to differentiate twice; its backward is not differentiable (its GEMMs run on NVFP4 "
+      "trying to differentiate twice: fp4gen.nn.Linear's backward is not differentiable (its GEMMs run on NVFP4 "
       "copies), so no higher-order gradient (create_graph=True) can pass through the layer",
-      static_cast<int64_t>(grads.size()));
-  return (*error)(std::move(grads));
+      static_cast<int64_t>(raised.size()));
+  raised = (*error)(std::move(raised));
+  for (size_t j = 0; j < marked.size(); ++j) grads[marked[j]] = std::move(raised[j]);
+  return grads;
 }
 
 // Y = X Wᵀ (+ bias) with X quantized on the way; backward: dY quantized, then dX = dY W and dW = dYᵀ X (or dW
@@ -297,6 +299,8 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     ctx->saved_data["main_grad"] = operands[7];
     ctx->saved_data["rng_state"] = operands[8];
     ctx->saved_data["device"] = device;
+    // which of x (1) and W (2) required grad: dW depends on x and dX on W (see backward)
+    ctx->saved_data["requires_grad"] = int64_t{x.requires_grad()} | int64_t{weight.requires_grad()} << 1;
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     at::Tensor y = buffer(buffers, plan, step->y);
     std::vector<int64_t> y_sizes = x.sizes().vec();
@@ -307,16 +311,24 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     // A backward with create_graph=True runs in grad mode. This one is not differentiable (its GEMMs take NVFP4
-    // copies), so its gradients then come out of a node that raises if a second backward reaches it, as with
-    // Python's once_differentiable (the layer's Python function), instead of silently dropping the layer from a
-    // higher-order gradient.
-    if (at::GradMode::is_enabled() && grads[0].requires_grad()) {
+    // copies), so each gradient that depends on a tensor requiring grad (dX = dY W on dY and W, dW = dYᵀ X on dY
+    // and x, db on dY) then comes out of a node that raises if a second backward reaches it, instead of as a
+    // constant that would silently drop the layer from a higher-order gradient (fp4gen/first_order.py, the
+    // layer's Python function, does the same).
+    if (at::GradMode::is_enabled()) {
+      const bool dy = grads[0].requires_grad();
+      const int64_t inputs = ctx->saved_data["requires_grad"].toInt();
+      const bool depends[3] = {dy || (inputs & 2) != 0, dy || (inputs & 1) != 0, dy};
       torch::autograd::variable_list results;
       {
         at::NoGradGuard no_grad;  // nothing below is recorded (the bias gradient's sum included)
         results = gradients(ctx, std::move(grads));
       }
-      return first_order_only(std::move(results));
+      std::vector<size_t> marked;
+      for (size_t i = 0; i < 3; ++i) {
+        if (depends[i] && results[i].defined()) marked.push_back(i);
+      }
+      return marked.empty() ? results : first_order_only(std::move(results), marked);
     }
     return gradients(ctx, std::move(grads));
   }
