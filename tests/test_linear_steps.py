@@ -546,7 +546,8 @@ def test_a_second_backward_through_a_training_step_raises(monkeypatch):
     monkeypatch.setattr(nn, "_step_plans", lambda ops, t: steps)
     torch.manual_seed(8)
     layer = fp4gen.nn.Linear(64, 32)
-    check_a_second_backward_raises(layer, torch.randn(32, 64), message="trying to differentiate twice: fp4gen.nn.Linear's")
+    check_a_second_backward_raises(layer, torch.randn(32, 64),
+                                   message="trying to differentiate twice: fp4gen.nn.Linear's")
     assert steps.ran.count("backward") == 6
 
 
