@@ -12,7 +12,6 @@ keep_quantized_weight=False, the weight itself instead of its columnwise copy).
 from __future__ import annotations
 
 import math
-import weakref
 
 import torch
 
@@ -25,6 +24,7 @@ from .grouped import group_offsets
 from .lasting import made_to_last
 from .recipe import Recipe
 from .rng import default_state_tensor
+from .weight_caches import STATIC_HOLDERS, cache_holds, graph_payload, kept_entry
 
 
 # The grouped GEMMs contract over in_features (fprop, wgrad's other operand) and out_features (dgrad) 64 at a time.
@@ -113,21 +113,37 @@ class StackedWeightCache:
     """The quantized copies (rowwise and columnwise triples, one amax per expert) of one stacked [E, out, in] weight,
     kept until the weight changes: its version counter, an optimizer step anywhere in the process, its storage,
     dtype or device, or the recipe. Under torch.compile or CUDA-graph capture the quantization is part of the graph
-    instead (a cache hit there would leave a graph that never requantizes).
+    instead (a cache hit there would leave a graph that never requantizes), unless the cache is static
+    (static_weight_cache: the graph reads the copies it keeps, remade in place when the weight changes).
 
     transposed=True: the weight is the [E, out, in] view (transpose(1, 2)) of a parameter stored [E, in, out]. The
     stored parameter is quantized as it lies and its two copies swap roles: a columnwise copy is by definition the
     rowwise quantization of the transpose, with the same per-expert amax, for 1x16 and 16x16 blocks alike, so the
     bytes are those of the [E, out, in] weight's own copies, without a transposed copy of the weight."""
 
-    __slots__ = ("entry", "transposed", "__weakref__")  # weak references: nn._CACHE_HOLDERS
+    __slots__ = ("entry", "transposed", "_static", "__weakref__")  # weak references: nn._CACHE_HOLDERS
 
     def __init__(self, transposed: bool = False):
         self.entry = None
         self.transposed = transposed
+        self._static = False
+
+    @property
+    def static_weight_cache(self) -> bool:
+        return self._static
+
+    @static_weight_cache.setter
+    def static_weight_cache(self, static: bool) -> None:
+        self._static = _nn.check_static_weight_cache(static, True)
+        if static and self.entry is not None:
+            STATIC_HOLDERS.add(self)
 
     def clear(self) -> None:
-        self.entry = None
+        """Forget the copies, so the next call makes them again; a static cache makes them again now, in place."""
+        if self._static:
+            self.refresh_weight_cache()
+        else:
+            self.entry = None
 
     clear_weight_cache = clear  # the name fp4gen.nn's optimizer-step hook calls
 
@@ -135,25 +151,45 @@ class StackedWeightCache:
         return self.entry is not None
 
     def __getstate__(self):  # pickled without the entry, whose weak reference no pickle takes
-        return None, {"transposed": self.transposed}
+        return None, {"transposed": self.transposed, "static": self._static}
 
     def __setstate__(self, state) -> None:
-        self.entry, self.transposed = None, state[1]["transposed"]
+        self.entry, self.transposed, self._static = None, state[1]["transposed"], state[1].get("static", False)
 
     def get(self, weight: torch.Tensor, recipe: Recipe):
         """(rowwise, columnwise) triples of the [E, out, in] weight, from the cache where it holds them."""
-        w = weight.detach()
         ops = grouped_torch_ops.for_caller()
-        if _nn.traced_or_captured(w):
-            return stacked_copies(ops, w, self.transposed, recipe)
-        key = (weight._version, _nn._optimizer_steps, w.data_ptr(), w.dtype, w.device, recipe)
+        if _nn.traced_or_captured(weight):
+            if not self._static:
+                return stacked_copies(ops, weight.detach(), self.transposed, recipe)
+            return graph_payload(self.entry, lambda: _key(weight, recipe), weight, "fp4gen.nn.GroupedLinear")
         entry = self.entry  # read once: an optimizer step's hook may clear it meanwhile
-        if not _nn.cache_holds(entry, key, weight):
-            # kept for training steps after an inference pass
-            entry = self.entry = (key, *made_to_last(stacked_copies, ops, w, self.transposed, recipe),
-                                  weakref.ref(_nn.cache_anchor(weight)))
-            _nn._CACHE_HOLDERS.add(self)
+        if not cache_holds(entry, _key(weight, recipe), weight):
+            entry = self.entry = self._entry(ops, entry, weight, recipe)
         return entry[1], entry[2]
+
+    def refresh_weight_cache(self) -> None:
+        """Quantize the weight again now, from the tensor the entry was made from, into the tensors it keeps."""
+        entry = self.entry
+        stored = entry[-1]() if entry is not None else None
+        if stored is None:  # nothing made yet, or the weight is gone
+            self.entry = None
+            return
+        weight = stored.transpose(1, 2) if self.transposed else stored  # the [E, out, in] weight get() was given
+        self.entry = self._entry(grouped_torch_ops.for_caller(), entry, weight, entry[0][-1])
+
+    def _entry(self, ops, old, weight: torch.Tensor, recipe: Recipe) -> tuple:
+        # made as normal tensors: kept for training steps after an inference pass
+        payload = made_to_last(stacked_copies, ops, weight.detach(), self.transposed, recipe)
+        _nn._CACHE_HOLDERS.add(self)
+        if self._static:
+            STATIC_HOLDERS.add(self)
+        return kept_entry(old, _key(weight, recipe), payload, weight, self._static)
+
+
+def _key(weight: torch.Tensor, recipe: Recipe) -> tuple:
+    """What a stacked weight's copies depend on (StackedWeightCache)."""
+    return (weight._version, _nn._optimizer_steps, weight.data_ptr(), weight.dtype, weight.device, recipe)
 
 
 def stacked_copies(ops, weight: torch.Tensor, transposed: bool, recipe: Recipe, rowwise: bool = True,
@@ -291,7 +327,18 @@ class GroupedLinear(torch.nn.Module):
     # the default of layers pickled before the attribute existed
     keep_quantized_weight = True
 
+    @property
+    def static_weight_cache(self) -> bool:
+        """Whether the weight cache is static (fp4gen.nn.static_weight_caches), as fp4gen.nn.Linear's."""
+        return self._weight_cache.static_weight_cache
+
+    @static_weight_cache.setter
+    def static_weight_cache(self, static: bool) -> None:
+        _nn.check_static_weight_cache(static, self.keep_quantized_weight)
+        self._weight_cache.static_weight_cache = static
+
     def clear_weight_cache(self) -> None:
+        """Forget the quantized weight, so the next forward makes it again; a static cache makes it again now."""
         self._weight_cache.clear()
 
     def forward(self, x: torch.Tensor, offsets) -> torch.Tensor:

@@ -16,6 +16,8 @@ counter (bumped by every in-place update through the parameter) and a count of o
 the process, because FSDP2 refills an unsharded weight after an optimizer step without bumping its
 version counter; an entry also holds a weak reference to the weight it was made from (cache_holds), and every
 cache is dropped just before an optimizer step. clear_weight_caches covers changes none of these can see.
+A static cache (static_weight_caches, for CUDA graphs and torch.compile) is remade in place instead
+(weight_caches.py).
 
 Under torch.autocast the layer computes in the autocast dtype, as torch.nn.Linear does: the input is cast
 to it, the output has it, and the bias is added in it. The weight is quantized from its own values (fp32
@@ -38,6 +40,7 @@ from .lasting import made_to_last
 from .options import column_sums_dtype
 from .recipe import Recipe
 from .rng import default_state_tensor
+from .weight_caches import STATIC_HOLDERS, cache_holds, graph_payload, kept_entry, refresh_static_holders
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
 PARAM_DTYPES = INPUT_DTYPES  # the parameters are quantized as they are
@@ -69,22 +72,6 @@ def e4m3_max_of(four_over_six) -> float:
     return 448.0 if four_over_six is None else 256.0
 
 
-def cache_holds(entry, key: tuple, t: torch.Tensor) -> bool:
-    """Whether a cache entry, (key, ..., weak reference to the tensor it was made from), was made from t as t is now.
-
-    The key holds t's version counter, the optimizer steps and t's address, and an address is reused once its
-    tensor is freed: a new tensor there (a weight passed through torch.func.functional_call, a reassigned
-    parameter) with as many version bumps would match the key alone and get the old tensor's conversion. So the
-    entry must also come from this very tensor object, or, for a view, the tensor it views (a transposed expert
-    weight is a new view each call). The reference is weak: a cache never keeps a replaced weight alive."""
-    return entry is not None and entry[0] == key and entry[-1]() is cache_anchor(t)
-
-
-def cache_anchor(t: torch.Tensor) -> torch.Tensor:
-    """The tensor object whose identity a cache entry of t records (cache_holds): t, or the tensor t is a view of."""
-    return t._base if t._base is not None else t
-
-
 # Every optimizer step in the process, whatever the optimizer, invalidates cached weight quantizations.
 # The version counter alone misses weights that a wrapper refreshes with the counter preserved (FSDP2's
 # all-gather into the unsharded parameter does exactly that).
@@ -108,7 +95,8 @@ def _drop_weight_caches(optimizer, args, kwargs):
             and any(holder.holds_weight_copy() for holder in list(_CACHE_HOLDERS))):
         _warn_kept_copies_of_sharded_weights()
     for holder in list(_CACHE_HOLDERS):
-        holder.clear_weight_cache()
+        if not holder.static_weight_cache:  # a static cache is remade in place after the step instead
+            holder.clear_weight_cache()
     _CACHE_HOLDERS.clear()
 
 
@@ -141,8 +129,13 @@ def _warn_kept_copies_of_sharded_weights() -> None:
                   "fp4gen.hf_experts.register take it): the same results, no copy kept between calls.", stacklevel=3)
 
 
+def _refresh_static_caches(optimizer, args, kwargs):
+    refresh_static_holders()
+
+
 register_optimizer_step_pre_hook(_drop_weight_caches)
 register_optimizer_step_post_hook(_count_optimizer_step)
+register_optimizer_step_post_hook(_refresh_static_caches)  # after the count: the remade entries' keys hold it
 
 
 def _step_plans(ops, t: torch.Tensor):
@@ -255,6 +248,20 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
+def _bias_key(bias: torch.Tensor, y_dtype: torch.dtype) -> tuple:
+    return (bias._version, _optimizer_steps, bias.data_ptr(), bias.dtype, bias.device, y_dtype)
+
+
+def check_static_weight_cache(static, keep_quantized_weight: bool) -> bool:
+    """static, checked: a bool, and True only for a layer that keeps its quantized weight."""
+    if not isinstance(static, bool):
+        raise TypeError(f"static_weight_cache must be True or False, got {static!r}")
+    if static and not keep_quantized_weight:
+        raise ValueError("a layer built with keep_quantized_weight=False keeps no quantized weight, so it has no "
+                         "cache to make static")
+    return static
+
+
 def _fp32_bias(bias: torch.Tensor, y_dtype: torch.dtype) -> torch.Tensor:
     """The bias rounded to Y's dtype, then widened to the fp32 that the fprop GEMM's epilogue adds."""
     return bias.to(y_dtype).to(torch.float32)
@@ -326,8 +333,21 @@ class Linear(torch.nn.Linear):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self._init_nvfp4(recipe, accumulate_main_grad, keep_quantized_weight)
 
-    # the default of layers pickled before the attribute existed
+    # the defaults of layers pickled before the attributes existed
     keep_quantized_weight = True
+    _static_weight_cache = False
+
+    @property
+    def static_weight_cache(self) -> bool:
+        """Whether the weight cache is static (fp4gen.nn.static_weight_caches): CUDA graphs and compiled code read
+        the quantized weight it keeps, remade in place when the weight changes, instead of quantizing it."""
+        return self._static_weight_cache
+
+    @static_weight_cache.setter
+    def static_weight_cache(self, static: bool) -> None:
+        self._static_weight_cache = check_static_weight_cache(static, self.keep_quantized_weight)
+        if static and self._weight_cache is not None:
+            STATIC_HOLDERS.add(self)
 
     def _init_nvfp4(self, recipe, accumulate_main_grad, keep_quantized_weight: bool = True) -> None:
         """The state this class adds to torch.nn.Linear's (also set by fp4gen.convert on a converted layer)."""
@@ -362,9 +382,22 @@ class Linear(torch.nn.Linear):
         return linear.train(self.training)
 
     def clear_weight_cache(self) -> None:
-        """Forget the quantized weight (and the fp32 copy of the bias), so the next forward makes them again."""
+        """Forget the quantized weight (and the fp32 copy of the bias), so the next forward makes them again; a
+        static cache makes them again now, in place."""
+        if self.static_weight_cache:
+            self.refresh_weight_cache()
+            return
         self._weight_cache = None
         self._bias_cache = None
+
+    def refresh_weight_cache(self) -> None:
+        """Quantize the weight (and convert the bias) again now, into the tensors a static cache keeps."""
+        entry = self._weight_cache
+        if entry is not None:
+            self._weight_cache = self._weight_entry(torch_ops.for_caller(), entry, self.weight)
+        entry = self._bias_cache
+        if entry is not None and self.bias is not None:
+            self._bias_cache = self._bias_entry(entry, self.bias, entry[0][-1])
 
     def holds_weight_copy(self) -> bool:
         """Whether the layer holds a quantized copy of its weight now (the bias's fp32 copy aside)."""
@@ -380,23 +413,36 @@ class Linear(torch.nn.Linear):
     def _quantized_weight(self, ops, weight: torch.Tensor, in_graph: bool):
         """(rowwise, columnwise) triples of W, per tensor. Cached on the weight's version counter in eager
         mode; in_graph (torch.compile tracing or CUDA-graph capture: traced_or_captured) makes the
-        quantization part of the graph instead. Without keep_quantized_weight: the rowwise copy alone, made now,
-        and None for the columnwise one (backward makes it from the weight)."""
-        w = weight.detach()
+        quantization part of the graph instead, unless the cache is static. Without keep_quantized_weight: the
+        rowwise copy alone, made now, and None for the columnwise one (backward makes it from the weight)."""
         if not self.keep_quantized_weight:
             if self._weight_cache is not None:  # kept before keep_quantized_weight was turned off
                 self._weight_cache = None
-            return quantize_weight(ops, w, self.recipe, columnwise=False)[:3], None
-        if in_graph:  # the graph must contain the quantization itself
-            q = quantize_weight(ops, w, self.recipe)
-            return q[:3], q[3:]
-        key = (weight._version, _optimizer_steps, w.data_ptr(), w.dtype, w.device, self.recipe)
+            return quantize_weight(ops, weight.detach(), self.recipe, columnwise=False)[:3], None
+        if in_graph:
+            if not self.static_weight_cache:  # the graph must contain the quantization itself
+                q = quantize_weight(ops, weight.detach(), self.recipe)
+                return q[:3], q[3:]
+            return graph_payload(self._weight_cache, lambda: self._weight_key(weight), weight, "fp4gen.nn.Linear")
         entry = self._weight_cache  # read once: an optimizer step's hook may clear the attribute meanwhile
-        if not cache_holds(entry, key, weight):
-            q = made_to_last(quantize_weight, ops, w, self.recipe)  # kept for training steps after an inference pass
-            entry = self._weight_cache = (key, q[:3], q[3:], weakref.ref(cache_anchor(weight)))
-            _CACHE_HOLDERS.add(self)
+        if not cache_holds(entry, self._weight_key(weight), weight):
+            entry = self._weight_cache = self._weight_entry(ops, entry, weight)
         return entry[1], entry[2]
+
+    def _weight_key(self, weight: torch.Tensor) -> tuple:
+        return (weight._version, _optimizer_steps, weight.data_ptr(), weight.dtype, weight.device, self.recipe)
+
+    def _weight_entry(self, ops, old, weight: torch.Tensor) -> tuple:
+        """The cache entry of the weight as it is now (static: in old's tensors)."""
+        q = made_to_last(quantize_weight, ops, weight.detach(), self.recipe)  # kept for training after inference
+        self._hold()
+        return kept_entry(old, self._weight_key(weight), (q[:3], q[3:]), weight, self.static_weight_cache)
+
+    def _hold(self) -> None:
+        """Register the layer as holding a cache entry (the optimizer-step hooks drop or remake them)."""
+        _CACHE_HOLDERS.add(self)
+        if self.static_weight_cache:
+            STATIC_HOLDERS.add(self)
 
     def _epilogue_bias(self, bias, y_dtype: torch.dtype, in_graph: bool):
         """The bias as the fprop GEMM's epilogue adds it, or None: rounded to the GEMM's output dtype (under
@@ -405,15 +451,19 @@ class Linear(torch.nn.Linear):
         convert it again (a launch and an allocation)."""
         if bias is None:
             return None
-        b = bias.detach()
         if in_graph:
-            return _fp32_bias(b, y_dtype)
-        key = (bias._version, _optimizer_steps, b.data_ptr(), b.dtype, b.device, y_dtype)
+            if not self.static_weight_cache:
+                return _fp32_bias(bias.detach(), y_dtype)
+            return graph_payload(self._bias_cache, lambda: _bias_key(bias, y_dtype), bias, "fp4gen.nn.Linear")[0]
         entry = self._bias_cache
-        if not cache_holds(entry, key, bias):
-            entry = self._bias_cache = (key, made_to_last(_fp32_bias, b, y_dtype), weakref.ref(cache_anchor(bias)))
-            _CACHE_HOLDERS.add(self)
+        if not cache_holds(entry, _bias_key(bias, y_dtype), bias):
+            entry = self._bias_cache = self._bias_entry(entry, bias, y_dtype)
         return entry[1]
+
+    def _bias_entry(self, old, bias: torch.Tensor, y_dtype: torch.dtype) -> tuple:
+        self._hold()
+        return kept_entry(old, _bias_key(bias, y_dtype), (made_to_last(_fp32_bias, bias.detach(), y_dtype),), bias,
+                          self.static_weight_cache)
 
     def _compute_dtype(self, x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
         """The dtype the GEMMs take X in and Y comes out in: autocast's, else x's, which must then be the
@@ -537,3 +587,37 @@ def clear_weight_caches(module: torch.nn.Module) -> int:
             cache.clear()
             cleared += 1
     return cleared
+
+
+def static_weight_caches(module: torch.nn.Module, enabled: bool = True) -> int:
+    """Make the weight caches of every fp4gen layer in `module` static (enabled=False: normal again), so that
+    CUDA graphs and torch.compile read the quantized weights the layers keep instead of quantizing every weight
+    at every replay. Returns how many caches it set: one a layer, one an expert weight.
+
+    A static cache keeps its tensors for the layer's lifetime and makes their contents again in place: when an
+    eager forward sees the weight changed (as a normal cache does), after every torch.optim optimizer step (also
+    one captured in a CUDA graph: the requantization is then part of that graph), and at clear_weight_caches, which
+    requantizes at once. What neither sees (writes through `.data`, collectives into the parameters) needs
+    clear_weight_caches(model) before the next replay, as a normal cache needs it before the next call.
+
+    Run one forward eagerly after enabling (the warm-up that CUDA-graph capture wants anyway): a captured or compiled
+    call finds the cache filled, and a capture whose cache does not describe the weight as it is raises. The
+    caches keep both quantized copies of each weight at all times (about a byte a weight parameter), also through
+    optimizer steps, which drop normal caches before they run. Not for layers built with
+    keep_quantized_weight=False (FSDP2): those keep no cache, and this raises ValueError. The experts that
+    fp4gen.hf_experts runs have their caches from their first call on: enable after it.
+
+    A graph captured while the caches were static reads their tensors: turning them normal again (enabled=False)
+    lets those tensors be replaced, so do not replay such a graph after it."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"static_weight_caches takes a torch.nn.Module, got {type(module).__name__}")
+    check_static_weight_cache(enabled, True)
+    holders = []
+    for m in module.modules():
+        if isinstance(m, (Linear, GroupedLinear)):
+            check_static_weight_cache(enabled, m.keep_quantized_weight)
+            holders.append(m)
+        holders.extend(getattr(m, MODULE_CACHES, {}).values())
+    for holder in holders:
+        holder.static_weight_cache = enabled
+    return len(holders)
