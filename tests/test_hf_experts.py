@@ -305,3 +305,27 @@ def test_without_transformers_the_error_says_what_to_install(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "transformers.integrations.moe", None)
     with pytest.raises(ImportError, match=r"transformers 5.0 or newer .*pip install 'transformers>=5'"):
         fp4gen.hf_experts.register()
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "gpt_oss"])
+def test_static_expert_caches_are_remade_in_place_by_an_optimizer_step(kind):
+    """fp4gen.nn.static_weight_caches after a first call takes the experts' caches; an optimizer step remakes
+    them in their own tensors, with the bytes a fresh quantization of the stepped weights gives (gpt-oss: from
+    the stored [E, in, out] parameter, through its transposed view)."""
+    from fp4gen.grouped_linear import StackedWeightCache
+    model = tiny_moe(kind, experts_implementation=NEAREST)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(5))
+    model(input_ids=ids)
+    assert fp4gen.nn.static_weight_caches(model) == 2 * SHAPES["num_hidden_layers"]
+    experts = experts_of(model)
+    cache = experts._fp4gen_weight_caches["gate_up_proj"]
+    kept = cache.entry[1] + cache.entry[2]
+    codes_before = kept[0].clone()
+    model(input_ids=ids, labels=ids).loss.backward()
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    now = cache.entry[1] + cache.entry[2]
+    assert all(a is b for a, b in zip(now, kept))
+    weight = experts.gate_up_proj.transpose(1, 2) if cache.transposed else experts.gate_up_proj
+    fresh = StackedWeightCache(cache.transposed).get(weight, fp4gen.Recipe(stochastic_rounding=False))
+    assert all(torch.equal(a, b) for a, b in zip(now, fresh[0] + fresh[1]))
+    assert not torch.equal(now[0], codes_before)  # the step moved the weights, and the codes with them
