@@ -62,7 +62,10 @@ def kept_entry(old, key: tuple, payload: tuple, source: torch.Tensor, static: bo
         if len(dst) == len(src) and all(d.shape == s.shape and d.dtype == s.dtype and d.device == s.device
                                         for d, s in zip(dst, src)):
             made_to_last(_copy_all, dst, src)
-            payload = old[1:-1]
+            return (key, *old[1:-1], weakref.ref(cache_anchor(source)))
+    if static:  # tensors that keep their addresses: torch.compile's CUDA graphs read them where they lie
+        for t in _tensors(payload):
+            torch._dynamo.mark_static_address(t)
     return (key, *payload, weakref.ref(cache_anchor(source)))
 
 

@@ -88,3 +88,27 @@ def test_a_capture_from_a_stale_static_cache_raises():
         with pytest.raises(RuntimeError, match="another state of its weight"):
             with torch.cuda.graph(graph):
                 call(layer, x)
+
+
+def test_a_reduce_overhead_compiled_forward_follows_the_static_cache_across_optimizer_steps():
+    """torch.compile(mode="reduce-overhead") runs the layer from CUDA graphs of its own; with a static cache they read
+    the kept copies (marked as static addresses), which each optimizer step remakes."""
+    layer, call = make("Linear")
+    fp4gen.nn.static_weight_caches(layer)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.05)
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        call(layer, x)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: call(layer, t), mode="reduce-overhead")
+    outputs = []
+    for _ in range(3):
+        with torch.no_grad():
+            runs = [compiled(x).clone() for _ in range(3)]  # recorded, then replayed
+            eager = call(layer, x)
+        assert all(torch.equal(run, eager) for run in runs)
+        outputs.append(eager)
+        call(layer, x).float().square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    assert not torch.equal(outputs[0], outputs[-1])
