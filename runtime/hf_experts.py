@@ -58,6 +58,19 @@ def experts_modules(model: torch.nn.Module) -> list:
     return found
 
 
+def projection_caches(model: torch.nn.Module) -> list:
+    """The StackedWeightCaches of the expert projections of every experts module in `model` that runs an
+    implementation register() added, made (empty) where the module's first call has not made them yet: what
+    fp4gen.nn.static_weight_caches sets."""
+    caches = []
+    for _, experts, implementation in experts_modules(model):
+        if runs_in_nvfp4(implementation):
+            transposed = bool(getattr(experts, "is_transposed", False))
+            for name in ("gate_up_proj" if experts.has_gate else "up_proj", "down_proj"):
+                caches.append(_weight_cache(experts, name, transposed))
+    return caches
+
+
 def runs_in_nvfp4(implementation) -> bool:
     """Whether an experts implementation name is one that register() added."""
     return implementation in _REGISTERED

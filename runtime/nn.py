@@ -605,19 +605,20 @@ def static_weight_caches(module: torch.nn.Module, enabled: bool = True) -> int:
     caches keep both quantized copies of each weight at all times (about a byte a weight parameter), also through
     optimizer steps, which drop normal caches before they run. Not for layers built with
     keep_quantized_weight=False (FSDP2): those keep no cache, and this raises ValueError. The experts that
-    fp4gen.hf_experts runs have their caches from their first call on: enable after it.
+    fp4gen.hf_experts runs count too: two caches an experts module.
 
     A graph captured while the caches were static reads their tensors: turning them normal again (enabled=False)
     lets those tensors be replaced, so do not replay such a graph after it."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"static_weight_caches takes a torch.nn.Module, got {type(module).__name__}")
     check_static_weight_cache(enabled, True)
+    from .hf_experts import projection_caches  # not at the top: it builds on this module
     holders = []
     for m in module.modules():
         if isinstance(m, (Linear, GroupedLinear)):
             check_static_weight_cache(enabled, m.keep_quantized_weight)
             holders.append(m)
-        holders.extend(getattr(m, MODULE_CACHES, {}).values())
+    holders.extend(projection_caches(module))
     for holder in holders:
         holder.static_weight_cache = enabled
     return len(holders)

@@ -309,14 +309,14 @@ def test_without_transformers_the_error_says_what_to_install(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["qwen3", "gpt_oss"])
 def test_static_expert_caches_are_remade_in_place_by_an_optimizer_step(kind):
-    """fp4gen.nn.static_weight_caches after a first call takes the experts' caches; an optimizer step remakes
-    them in their own tensors, with the bytes a fresh quantization of the stepped weights gives (gpt-oss: from
-    the stored [E, in, out] parameter, through its transposed view)."""
+    """fp4gen.nn.static_weight_caches, before any call, takes the experts' caches (made empty then); the first call
+    fills them and an optimizer step remakes them in their own tensors, with the bytes a fresh quantization of the
+    stepped weights gives (gpt-oss: from the stored [E, in, out] parameter, through its transposed view)."""
     from fp4gen.grouped_linear import StackedWeightCache
     model = tiny_moe(kind, experts_implementation=NEAREST)
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(5))
-    model(input_ids=ids)
     assert fp4gen.nn.static_weight_caches(model) == 2 * SHAPES["num_hidden_layers"]
+    model(input_ids=ids)
     experts = experts_of(model)
     cache = experts._fp4gen_weight_caches["gate_up_proj"]
     kept = cache.entry[1] + cache.entry[2]
