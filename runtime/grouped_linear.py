@@ -245,8 +245,8 @@ def grouped_linear(x: torch.Tensor, offsets, weight: torch.Tensor, bias: torch.T
     if keep_quantized_weight:
         w_row, w_col = weight_cache.get(weight, recipe)
     else:
-        if weight_cache.entry is not None:  # kept before keep_quantized_weight was turned off
-            weight_cache.clear()
+        if weight_cache.entry is not None:  # kept before keep_quantized_weight was turned off (static or not)
+            weight_cache.entry = None
         w_row = stacked_copies(grouped_torch_ops.for_caller(), weight.detach(), weight_cache.transposed, recipe,
                                columnwise=False)[0]
         w_col = None
