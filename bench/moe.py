@@ -9,7 +9,9 @@ so that the fp4gen.nn.Linear loop can run wgrad on every expert; the grouped pat
 
 Times are CUDA-event medians of the whole step replayed from a CUDA graph (device time; the grouped paths
 never synchronize, so the graph holds the whole step; the weight is quantized inside the step, as after
-every optimizer step), "ratio" = fp4gen time / grouped_mm time.
+every optimizer step), "ratio" = fp4gen time / grouped_mm time. "static us" is the same step with the layer's
+weight cache static (fp4gen.nn.static_weight_caches): the graph reads the quantized weight kept from an eager
+warm-up, what the micro-steps of gradient accumulation cost between two optimizer steps.
 
 `python moe.py --parts` times each operation of the fp4gen step instead (uniform routing): the three
 quantizations and the three grouped GEMMs, beside grouped_mm's three GEMMs and the dense fp4gen.quantize of
@@ -138,7 +140,7 @@ def main():
     with_loop = "--no-loop" not in sys.argv
     print(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     print(f"{'layer':>18} {'routing':>8} {'bf16 grouped_mm us':>18} {'fp4gen us':>10} {'ratio':>6} "
-          f"{'bf16 TFLOP/s':>12} {'Linear loop us':>14}")
+          f"{'static us':>10} {'ratio':>6} {'bf16 TFLOP/s':>12} {'Linear loop us':>14}")
     for name, tokens, experts, k, n in SHAPES:
         torch.manual_seed(0)
         layer = fp4gen.nn.GroupedLinear(experts, k, n, device="cuda", dtype=torch.bfloat16)
@@ -157,6 +159,10 @@ def main():
                 layer(x, ends).backward(dy)
 
             bf16_ms, fp4_ms = graph_median_ms(bf16_step), graph_median_ms(fp4_step)
+            fp4gen.nn.static_weight_caches(layer)
+            fp4_step()  # fills the static cache
+            static_ms = graph_median_ms(fp4_step)
+            fp4gen.nn.static_weight_caches(layer, False)
             flops = 3 * 2 * tokens * k * n
             loop = ""
             if with_loop:
@@ -172,7 +178,8 @@ def main():
                 loop = f"{graph_median_ms(loop_step) * 1e3:>14.0f}"
                 del linears, pieces
             print(f"{name:>18} {'skewed' if skewed else 'uniform':>8} {bf16_ms * 1e3:>18.0f} {fp4_ms * 1e3:>10.0f} "
-                  f"{fp4_ms / bf16_ms:>6.2f} {flops / bf16_ms / 1e9:>12.0f} {loop}", flush=True)
+                  f"{fp4_ms / bf16_ms:>6.2f} {static_ms * 1e3:>10.0f} {static_ms / bf16_ms:>6.2f} "
+                  f"{flops / bf16_ms / 1e9:>12.0f} {loop}", flush=True)
         del layer, w_ref, x, dy
         torch.cuda.empty_cache()
 
