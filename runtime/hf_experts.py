@@ -11,7 +11,8 @@ model's own stacked expert weights):
     # or, on a loaded model: model.set_experts_implementation("fp4gen")
     fp4gen.convert(model, skip="lm_head")             # the dense layers (attention, shared experts) too
 
-Each expert weight is quantized once and reused until it changes, as fp4gen.nn.GroupedLinear's. The routing
+Each expert weight is quantized once and reused until it changes, as fp4gen.nn.GroupedLinear's (and
+fp4gen.nn.static_weight_caches(model) makes those caches static for CUDA graphs and torch.compile). The routing
 stays on the device: a step never synchronizes on it. Weights stored [num_experts, out, in] (transformers'
 default) and transposed, [num_experts, in, out] (`is_transposed`, as gpt-oss stores them), are both taken as they
 lie. What it needs: both dimensions of each weight multiples of 64, and no expert parallelism; anything else

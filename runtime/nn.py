@@ -311,6 +311,9 @@ class Linear(torch.nn.Linear):
     (an in-place edit through `weight.data`, a torch.distributed broadcast into the weight) needs
     `clear_weight_cache()`, or fp4gen.nn.clear_weight_caches(model) for a whole model. A weight quantized
     under torch.inference_mode (a rollout) is kept as a normal tensor: the next training step reuses it.
+    CUDA graphs and torch.compile quantize the weight at every call, unless the cache is static
+    (fp4gen.nn.static_weight_caches, or static_weight_cache=True on the layer): they then read the kept copies,
+    remade in place when the weight changes.
 
     keep_quantized_weight=False keeps no quantized weight: each forward quantizes the weight's rowwise copy
     for its GEMM, and backward quantizes the columnwise copy for dgrad from the weight again (the weight is
