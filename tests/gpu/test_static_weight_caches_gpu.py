@@ -112,3 +112,34 @@ def test_a_reduce_overhead_compiled_forward_follows_the_static_cache_across_opti
         opt.step()
         opt.zero_grad()
     assert not torch.equal(outputs[0], outputs[-1])
+
+
+def test_a_reduce_overhead_compiled_training_step_reads_the_static_cache_as_a_normal_one_quantizes():
+    """The forward and backward compiled with mode="reduce-overhead" (the optimizer step eager, between replays),
+    once with a static cache and once with a normal one, whose graph quantizes the weight at every call: the same
+    loss and gradients, step after step (Inductor's own arithmetic differs from eager's, so eager is no reference
+    here; a stale static cache would differ from the second step on)."""
+    layers = [make("Linear") for _ in range(2)]  # the same initial weights (make seeds)
+    fp4gen.nn.static_weight_caches(layers[0][0])
+    opts = [torch.optim.SGD(layer.parameters(), lr=0.5) for layer, _ in layers]
+    x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    steps = []
+    for layer, call in layers:
+        call(layer, x).float().square().mean().backward()  # the eager warm-up fills the cache
+        layer.zero_grad()
+        steps.append(torch.compile(lambda layer=layer, call=call: call(layer, x).float().square().mean(),
+                                   mode="reduce-overhead"))
+    first = None
+    for _ in range(4):
+        results = []  # (loss, dW, db) of each: cloned, since the next graph replay reuses its outputs' memory
+        for step, (layer, _), opt in zip(steps, layers, opts):
+            torch.compiler.cudagraph_mark_step_begin()
+            loss = step()
+            loss.backward()
+            results.append([t.detach().clone() for t in (loss, layer.weight.grad, layer.bias.grad)])
+            opt.step()  # before the other layer's replay, which takes over this one's gradients' memory
+            opt.zero_grad()
+        assert all(torch.equal(a, b) for a, b in zip(*results))
+        first = results[0][0] if first is None else first
+    assert not torch.equal(first, results[0][0])  # the steps moved the weights
