@@ -24,7 +24,7 @@ from .grouped import group_offsets
 from .lasting import made_to_last
 from .recipe import Recipe
 from .rng import default_state_tensor
-from .weight_caches import STATIC_HOLDERS, cache_holds, graph_payload, kept_entry
+from .weight_caches import STATIC_HOLDERS, cache_holds, graph_payload, kept_entry, made_static
 
 
 # The grouped GEMMs contract over in_features (fprop, wgrad's other operand) and out_features (dgrad) 64 at a time.
@@ -135,8 +135,8 @@ class StackedWeightCache:
     @static_weight_cache.setter
     def static_weight_cache(self, static: bool) -> None:
         self._static = _nn.check_static_weight_cache(static, True)
-        if static and self.entry is not None:
-            STATIC_HOLDERS.add(self)
+        if static:
+            made_static(self, self.entry)
 
     def clear(self) -> None:
         """Forget the copies, so the next call makes them again; a static cache makes them again now, in place."""

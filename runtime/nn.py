@@ -40,7 +40,8 @@ from .lasting import made_to_last
 from .options import column_sums_dtype
 from .recipe import Recipe
 from .rng import default_state_tensor
-from .weight_caches import STATIC_HOLDERS, cache_holds, graph_payload, kept_entry, refresh_static_holders
+from .weight_caches import (STATIC_HOLDERS, cache_holds, graph_payload, kept_entry, made_static, mark_static,
+                            refresh_static_holders)
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
 PARAM_DTYPES = INPUT_DTYPES  # the parameters are quantized as they are
@@ -349,8 +350,10 @@ class Linear(torch.nn.Linear):
     @static_weight_cache.setter
     def static_weight_cache(self, static: bool) -> None:
         self._static_weight_cache = check_static_weight_cache(static, self.keep_quantized_weight)
-        if static and self._weight_cache is not None:
-            STATIC_HOLDERS.add(self)
+        if static:
+            made_static(self, self._weight_cache)
+            if self._bias_cache is not None:
+                mark_static(self._bias_cache[1:-1])
 
     def _init_nvfp4(self, recipe, accumulate_main_grad, keep_quantized_weight: bool = True) -> None:
         """The state this class adds to torch.nn.Linear's (also set by fp4gen.convert on a converted layer)."""

@@ -63,10 +63,23 @@ def kept_entry(old, key: tuple, payload: tuple, source: torch.Tensor, static: bo
                                         for d, s in zip(dst, src)):
             made_to_last(_copy_all, dst, src)
             return (key, *old[1:-1], weakref.ref(cache_anchor(source)))
-    if static:  # tensors that keep their addresses: torch.compile's CUDA graphs read them where they lie
-        for t in _tensors(payload):
-            torch._dynamo.mark_static_address(t)
+    if static:
+        mark_static(payload)
     return (key, *payload, weakref.ref(cache_anchor(source)))
+
+
+def mark_static(payload) -> None:
+    """Mark a static cache's tensors as keeping their addresses: torch.compile's CUDA graphs read them where they
+    lie instead of copying them in at every call."""
+    for t in _tensors(payload):
+        torch._dynamo.mark_static_address(t)
+
+
+def made_static(holder, entry) -> None:
+    """A cache holder just made static: its entry's tensors (made while it was normal) become static ones."""
+    if entry is not None:
+        mark_static(entry[1:-1])
+        STATIC_HOLDERS.add(holder)
 
 
 def graph_payload(entry, key, source: torch.Tensor, layer: str) -> tuple:

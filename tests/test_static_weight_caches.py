@@ -160,3 +160,17 @@ def test_bad_arguments_raise():
         layers()[0].static_weight_cache = 1
     with pytest.raises(TypeError, match="torch.nn.Module"):
         fp4gen.nn.static_weight_caches(torch.randn(3))
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["Linear", "GroupedLinear"])
+def test_kept_tensors_are_marked_as_static_addresses_also_when_made_before(index):
+    """torch.compile's CUDA graphs copy an input in at every call unless it is marked as a static address: a
+    static cache's tensors are, also those of an entry made while the cache was normal."""
+    layer = layers()[index]
+    call(layer, torch.randn(32, 64))  # a normal cache's entry
+    copies = cached_weight_copies(layer)
+    assert not any(hasattr(t, "_dynamo_static_input_type") for t in copies[0] + copies[1])
+    fp4gen.nn.static_weight_caches(layer)
+    assert all(getattr(t, "_dynamo_static_input_type", None) for t in copies[0] + copies[1])
+    if index == 0:
+        assert getattr(layer._bias_cache[1], "_dynamo_static_input_type", None)
