@@ -162,9 +162,9 @@ class StackedWeightCache:
         if _nn.traced_or_captured(weight):
             if not self._static:
                 return stacked_copies(ops, weight.detach(), self.transposed, recipe)
-            return graph_payload(self.entry, lambda: _key(weight, recipe), weight, "fp4gen.nn.GroupedLinear")
+            return graph_payload(self.entry, lambda: _nn.cache_key(weight, recipe), weight, "fp4gen.nn.GroupedLinear")
         entry = self.entry  # read once: an optimizer step's hook may clear it meanwhile
-        if not cache_holds(entry, _key(weight, recipe), weight):
+        if not cache_holds(entry, _nn.cache_key(weight, recipe), weight):
             entry = self.entry = self._entry(ops, entry, weight, recipe)
         return entry[1], entry[2]
 
@@ -184,12 +184,7 @@ class StackedWeightCache:
         _nn._CACHE_HOLDERS.add(self)
         if self._static:
             STATIC_HOLDERS.add(self)
-        return kept_entry(old, _key(weight, recipe), payload, weight, self._static)
-
-
-def _key(weight: torch.Tensor, recipe: Recipe) -> tuple:
-    """What a stacked weight's copies depend on (StackedWeightCache)."""
-    return (weight._version, _nn._optimizer_steps, weight.data_ptr(), weight.dtype, weight.device, recipe)
+        return kept_entry(old, _nn.cache_key(weight, recipe), payload, weight, self._static)
 
 
 def stacked_copies(ops, weight: torch.Tensor, transposed: bool, recipe: Recipe, rowwise: bool = True,

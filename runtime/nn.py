@@ -40,8 +40,7 @@ from .lasting import made_to_last
 from .options import column_sums_dtype
 from .recipe import Recipe
 from .rng import default_state_tensor
-from .weight_caches import (STATIC_HOLDERS, cache_holds, graph_payload, kept_entry, made_static, mark_static,
-                            refresh_static_holders)
+from .weight_caches import STATIC_HOLDERS, cache_holds, graph_payload, kept_entry, made_static, refresh_static_holders
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
 PARAM_DTYPES = INPUT_DTYPES  # the parameters are quantized as they are
@@ -249,8 +248,10 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def _bias_key(bias: torch.Tensor, y_dtype: torch.dtype) -> tuple:
-    return (bias._version, _optimizer_steps, bias.data_ptr(), bias.dtype, bias.device, y_dtype)
+def cache_key(t: torch.Tensor, made_with) -> tuple:
+    """What a cached conversion of t depends on: t's version counter, the optimizer steps taken, t's address,
+    dtype and device, and what it was made with (a recipe, the output dtype)."""
+    return (t._version, _optimizer_steps, t.data_ptr(), t.dtype, t.device, made_with)
 
 
 def check_static_weight_cache(static, keep_quantized_weight: bool) -> bool:
@@ -351,9 +352,7 @@ class Linear(torch.nn.Linear):
     def static_weight_cache(self, static: bool) -> None:
         self._static_weight_cache = check_static_weight_cache(static, self.keep_quantized_weight)
         if static:
-            made_static(self, self._weight_cache)
-            if self._bias_cache is not None:
-                mark_static(self._bias_cache[1:-1])
+            made_static(self, self._weight_cache, self._bias_cache)
 
     def _init_nvfp4(self, recipe, accumulate_main_grad, keep_quantized_weight: bool = True) -> None:
         """The state this class adds to torch.nn.Linear's (also set by fp4gen.convert on a converted layer)."""
@@ -429,20 +428,17 @@ class Linear(torch.nn.Linear):
             if not self.static_weight_cache:  # the graph must contain the quantization itself
                 q = quantize_weight(ops, weight.detach(), self.recipe)
                 return q[:3], q[3:]
-            return graph_payload(self._weight_cache, lambda: self._weight_key(weight), weight, "fp4gen.nn.Linear")
+            return graph_payload(self._weight_cache, lambda: cache_key(weight, self.recipe), weight, "fp4gen.nn.Linear")
         entry = self._weight_cache  # read once: an optimizer step's hook may clear the attribute meanwhile
-        if not cache_holds(entry, self._weight_key(weight), weight):
+        if not cache_holds(entry, cache_key(weight, self.recipe), weight):
             entry = self._weight_cache = self._weight_entry(ops, entry, weight)
         return entry[1], entry[2]
-
-    def _weight_key(self, weight: torch.Tensor) -> tuple:
-        return (weight._version, _optimizer_steps, weight.data_ptr(), weight.dtype, weight.device, self.recipe)
 
     def _weight_entry(self, ops, old, weight: torch.Tensor) -> tuple:
         """The cache entry of the weight as it is now (static: in old's tensors)."""
         q = made_to_last(quantize_weight, ops, weight.detach(), self.recipe)  # kept for training after inference
         self._hold()
-        return kept_entry(old, self._weight_key(weight), (q[:3], q[3:]), weight, self.static_weight_cache)
+        return kept_entry(old, cache_key(weight, self.recipe), (q[:3], q[3:]), weight, self.static_weight_cache)
 
     def _hold(self) -> None:
         """Register the layer as holding a cache entry (the optimizer-step hooks drop or remake them)."""
@@ -460,15 +456,15 @@ class Linear(torch.nn.Linear):
         if in_graph:
             if not self.static_weight_cache:
                 return _fp32_bias(bias.detach(), y_dtype)
-            return graph_payload(self._bias_cache, lambda: _bias_key(bias, y_dtype), bias, "fp4gen.nn.Linear")[0]
+            return graph_payload(self._bias_cache, lambda: cache_key(bias, y_dtype), bias, "fp4gen.nn.Linear")[0]
         entry = self._bias_cache
-        if not cache_holds(entry, _bias_key(bias, y_dtype), bias):
+        if not cache_holds(entry, cache_key(bias, y_dtype), bias):
             entry = self._bias_cache = self._bias_entry(entry, bias, y_dtype)
         return entry[1]
 
     def _bias_entry(self, old, bias: torch.Tensor, y_dtype: torch.dtype) -> tuple:
         self._hold()
-        return kept_entry(old, _bias_key(bias, y_dtype), (made_to_last(_fp32_bias, bias.detach(), y_dtype),), bias,
+        return kept_entry(old, cache_key(bias, y_dtype), (made_to_last(_fp32_bias, bias.detach(), y_dtype),), bias,
                           self.static_weight_cache)
 
     def _compute_dtype(self, x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:

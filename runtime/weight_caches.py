@@ -75,11 +75,12 @@ def mark_static(payload) -> None:
         torch._dynamo.mark_static_address(t)
 
 
-def made_static(holder, entry) -> None:
-    """A cache holder just made static: its entry's tensors (made while it was normal) become static ones."""
-    if entry is not None:
-        mark_static(entry[1:-1])
-        STATIC_HOLDERS.add(holder)
+def made_static(holder, *entries) -> None:
+    """A cache holder just made static: its entries' tensors (made while it was normal) become static ones."""
+    for entry in entries:
+        if entry is not None:
+            mark_static(entry[1:-1])
+            STATIC_HOLDERS.add(holder)
 
 
 def graph_payload(entry, key, source: torch.Tensor, layer: str) -> tuple:
