@@ -24,7 +24,7 @@ from .grouped import group_offsets
 from .lasting import made_to_last
 from .recipe import Recipe
 from .rng import default_state_tensor
-from .weight_caches import STATIC_HOLDERS, cache_holds, graph_payload, kept_entry, made_static
+from .weight_caches import STATIC_HOLDERS, cache_holds, graph_payload, has_gradient, kept_entry, made_static
 
 
 # The grouped GEMMs contract over in_features (fprop, wgrad's other operand) and out_features (dgrad) 64 at a time.
@@ -114,19 +114,21 @@ class StackedWeightCache:
     kept until the weight changes: its version counter, an optimizer step anywhere in the process, its storage,
     dtype or device, or the recipe. Under torch.compile or CUDA-graph capture the quantization is part of the graph
     instead (a cache hit there would leave a graph that never requantizes), unless the cache is static
-    (static_weight_cache: the graph reads the copies it keeps, remade in place when the weight changes).
+    (static_weight_cache: the graph reads the copies it keeps, remade in place when the weight changes). A frozen
+    cache (frozen_weight_cache) is left alone by optimizer steps.
 
     transposed=True: the weight is the [E, out, in] view (transpose(1, 2)) of a parameter stored [E, in, out]. The
     stored parameter is quantized as it lies and its two copies swap roles: a columnwise copy is by definition the
     rowwise quantization of the transpose, with the same per-expert amax, for 1x16 and 16x16 blocks alike, so the
     bytes are those of the [E, out, in] weight's own copies, without a transposed copy of the weight."""
 
-    __slots__ = ("entry", "transposed", "_static", "__weakref__")  # weak references: nn._CACHE_HOLDERS
+    __slots__ = ("entry", "transposed", "_static", "_frozen", "__weakref__")  # weak references: nn._CACHE_HOLDERS
 
     def __init__(self, transposed: bool = False):
         self.entry = None
         self.transposed = transposed
         self._static = False
+        self._frozen = False
 
     @property
     def static_weight_cache(self) -> bool:
@@ -137,6 +139,20 @@ class StackedWeightCache:
         self._static = _nn.check_static_weight_cache(static, True)
         if static:
             made_static(self, self.entry)
+
+    @property
+    def frozen_weight_cache(self) -> bool:
+        return self._frozen
+
+    @frozen_weight_cache.setter
+    def frozen_weight_cache(self, frozen: bool) -> None:
+        frozen = _nn.check_frozen_weight_cache(frozen, True)
+        if frozen != self._frozen:
+            self.entry, self._frozen = _nn.rekeyed(self.entry, frozen), frozen
+
+    def has_gradients(self) -> bool:
+        """Whether the weight the entry was made from has a gradient now (an optimizer step would move it)."""
+        return self.entry is not None and has_gradient(self.entry[-1]())
 
     def clear(self) -> None:
         """Forget the copies, so the next call makes them again; a static cache makes them again now, in place."""
@@ -151,10 +167,11 @@ class StackedWeightCache:
         return self.entry is not None
 
     def __getstate__(self):  # pickled without the entry, whose weak reference no pickle takes
-        return None, {"transposed": self.transposed, "static": self._static}
+        return None, {"transposed": self.transposed, "static": self._static, "frozen": self._frozen}
 
     def __setstate__(self, state) -> None:
-        self.entry, self.transposed, self._static = None, state[1]["transposed"], state[1].get("static", False)
+        self.entry, self.transposed = None, state[1]["transposed"]
+        self._static, self._frozen = state[1].get("static", False), state[1].get("frozen", False)
 
     def get(self, weight: torch.Tensor, recipe: Recipe):
         """(rowwise, columnwise) triples of the [E, out, in] weight, from the cache where it holds them."""
@@ -162,9 +179,10 @@ class StackedWeightCache:
         if _nn.traced_or_captured(weight):
             if not self._static:
                 return stacked_copies(ops, weight.detach(), self.transposed, recipe)
-            return graph_payload(self.entry, lambda: _nn.cache_key(weight, recipe), weight, "fp4gen.nn.GroupedLinear")
+            return graph_payload(self.entry, lambda: _nn.cache_key(weight, recipe, self._frozen), weight,
+                                 "fp4gen.nn.GroupedLinear")
         entry = self.entry  # read once: an optimizer step's hook may clear it meanwhile
-        if not cache_holds(entry, _nn.cache_key(weight, recipe), weight):
+        if not cache_holds(entry, _nn.cache_key(weight, recipe, self._frozen), weight):
             entry = self.entry = self._entry(ops, entry, weight, recipe)
         return entry[1], entry[2]
 
@@ -184,7 +202,7 @@ class StackedWeightCache:
         _nn._CACHE_HOLDERS.add(self)
         if self._static:
             STATIC_HOLDERS.add(self)
-        return kept_entry(old, _nn.cache_key(weight, recipe), payload, weight, self._static)
+        return kept_entry(old, _nn.cache_key(weight, recipe, self._frozen), payload, weight, self._static)
 
 
 def stacked_copies(ops, weight: torch.Tensor, transposed: bool, recipe: Recipe, rowwise: bool = True,
@@ -331,6 +349,16 @@ class GroupedLinear(torch.nn.Module):
     def static_weight_cache(self, static: bool) -> None:
         _nn.check_static_weight_cache(static, self.keep_quantized_weight)
         self._weight_cache.static_weight_cache = static
+
+    @property
+    def frozen_weight_cache(self) -> bool:
+        """Whether the weight cache is frozen (fp4gen.nn.frozen_weight_caches), as fp4gen.nn.Linear's."""
+        return self._weight_cache.frozen_weight_cache
+
+    @frozen_weight_cache.setter
+    def frozen_weight_cache(self, frozen: bool) -> None:
+        _nn.check_frozen_weight_cache(frozen, self.keep_quantized_weight)
+        self._weight_cache.frozen_weight_cache = frozen
 
     def clear_weight_cache(self) -> None:
         """Forget the quantized weight, so the next forward makes it again; a static cache makes it again now."""

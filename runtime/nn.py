@@ -16,8 +16,8 @@ counter (bumped by every in-place update through the parameter) and a count of o
 the process, because FSDP2 refills an unsharded weight after an optimizer step without bumping its
 version counter; an entry also holds a weak reference to the weight it was made from (cache_holds), and every
 cache is dropped just before an optimizer step. clear_weight_caches covers changes none of these can see.
-A static cache (static_weight_caches, for CUDA graphs and torch.compile) is remade in place instead
-(weight_caches.py).
+A static cache (static_weight_caches, for CUDA graphs and torch.compile) is remade in place instead, and a frozen
+one (frozen_weight_caches, for weights no optimizer moves) is left alone by optimizer steps (weight_caches.py).
 
 Under torch.autocast the layer computes in the autocast dtype, as torch.nn.Linear does: the input is cast
 to it, the output has it, and the bias is added in it. The weight is quantized from its own values (fp32
@@ -40,7 +40,8 @@ from .lasting import made_to_last
 from .options import column_sums_dtype
 from .recipe import Recipe
 from .rng import default_state_tensor
-from .weight_caches import STATIC_HOLDERS, cache_holds, graph_payload, kept_entry, made_static, refresh_static_holders
+from .weight_caches import (STATIC_HOLDERS, cache_holds, graph_payload, has_gradient, kept_entry, made_static,
+                            refresh_static_holders)
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
 PARAM_DTYPES = INPUT_DTYPES  # the parameters are quantized as they are
@@ -88,16 +89,47 @@ _CACHE_HOLDERS = weakref.WeakSet()
 
 
 def _drop_weight_caches(optimizer, args, kwargs):
-    """Before every optimizer step, forget every cached quantization: the step makes each one stale anyway (the count
-    of steps is part of every key), and dropped here their memory (about a byte a weight parameter: both copies)
-    is free for the optimizer's own peak instead of held until each layer's next forward."""
+    """Before every optimizer step, forget every cached quantization but the frozen ones: the step makes each one
+    stale anyway (the count of steps is part of every other key), and dropped here their memory (about a byte a
+    weight parameter: both copies) is free for the optimizer's own peak instead of held until each layer's next
+    forward."""
     if (not _SHARDED_WARNING_GIVEN and _steps_sharded_parameters(optimizer)
             and any(holder.holds_weight_copy() for holder in list(_CACHE_HOLDERS))):
         _warn_kept_copies_of_sharded_weights()
+    frozen = []
     for holder in list(_CACHE_HOLDERS):
-        if not holder.static_weight_cache:  # a static cache is remade in place after the step instead
+        if not moved_by_optimizer_steps(holder):
+            frozen.append(holder)
+        elif not holder.static_weight_cache:  # a static cache is remade in place after the step instead
             holder.clear_weight_cache()
     _CACHE_HOLDERS.clear()
+    _CACHE_HOLDERS.update(frozen)
+
+
+def moved_by_optimizer_steps(holder) -> bool:
+    """Whether an optimizer step may move the tensors that a cache holder's entries were made from: yes, unless the
+    holder is frozen (frozen_weight_caches) and none of them has a gradient; a frozen layer whose weight or bias
+    has one is being trained after all, and is treated as any other (with a warning, once a process)."""
+    if not holder.frozen_weight_cache:
+        return True
+    if holder.has_gradients():
+        _warn_frozen_cache_with_gradient()
+        return True
+    return False
+
+
+_FROZEN_WARNING_GIVEN = False
+
+
+def _warn_frozen_cache_with_gradient() -> None:
+    global _FROZEN_WARNING_GIVEN
+    if _FROZEN_WARNING_GIVEN:
+        return
+    _FROZEN_WARNING_GIVEN = True
+    warnings.warn("fp4gen: an optimizer steps while a layer whose weight cache is frozen "
+                  "(fp4gen.nn.frozen_weight_caches) has a gradient on its weight or bias, so that layer is being "
+                  "trained: its cache is dropped (or, static, remade) at optimizer steps like any other's while it "
+                  "has one. Freeze only the caches of layers that no optimizer moves.", stacklevel=3)
 
 
 # Whether each optimizer seen steps DTensor parameters (FSDP2 leaves its shards as DTensors between steps); looked
@@ -130,7 +162,7 @@ def _warn_kept_copies_of_sharded_weights() -> None:
 
 
 def _refresh_static_caches(optimizer, args, kwargs):
-    refresh_static_holders()
+    refresh_static_holders(moved_by_optimizer_steps)
 
 
 register_optimizer_step_pre_hook(_drop_weight_caches)
@@ -248,10 +280,33 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def cache_key(t: torch.Tensor, made_with) -> tuple:
-    """What a cached conversion of t depends on: t's version counter, the optimizer steps taken, t's address,
-    dtype and device, and what it was made with (a recipe, the output dtype)."""
-    return (t._version, _optimizer_steps, t.data_ptr(), t.dtype, t.device, made_with)
+def cache_key(t: torch.Tensor, made_with, frozen: bool) -> tuple:
+    """What a cached conversion of t depends on: t's version counter, the optimizer steps taken (None in a frozen
+    cache, which they leave alone), t's address, dtype and device, and what it was made with (a recipe, the output
+    dtype)."""
+    return (t._version, None if frozen else _optimizer_steps, t.data_ptr(), t.dtype, t.device, made_with)
+
+
+def rekeyed(entry, frozen: bool):
+    """A cache entry made while its holder was normal (frozen=True: it was made while normal and the holder is now
+    frozen) or frozen (frozen=False), keyed as the holder is now, so that freezing or unfreezing a cache does not
+    make it stale. An entry that was stale already is returned as it is, and stays stale."""
+    if entry is None:
+        return None
+    key = entry[0]
+    if key[1] != (_optimizer_steps if frozen else None):
+        return entry
+    return ((key[0], None if frozen else _optimizer_steps, *key[2:]), *entry[1:])
+
+
+def check_frozen_weight_cache(frozen, keep_quantized_weight: bool) -> bool:
+    """frozen, checked: a bool, and True only for a layer that keeps its quantized weight."""
+    if not isinstance(frozen, bool):
+        raise TypeError(f"frozen_weight_cache must be True or False, got {frozen!r}")
+    if frozen and not keep_quantized_weight:
+        raise ValueError("a layer built with keep_quantized_weight=False keeps no quantized weight, so it has no "
+                         "cache to freeze")
+    return frozen
 
 
 def check_static_weight_cache(static, keep_quantized_weight: bool) -> bool:
@@ -309,7 +364,9 @@ class Linear(torch.nn.Linear):
     attach) inside the wgrad GEMM instead of producing `weight.grad`.
 
     The quantized weight (and the bias, converted to the fp32 that the forward GEMM's epilogue adds) is
-    reused until its version counter moves or any torch.optim optimizer steps. A change that neither sees
+    reused until its version counter moves or any torch.optim optimizer steps (a frozen cache,
+    fp4gen.nn.frozen_weight_caches, for weights no optimizer moves: until the version counter moves). A change
+    that neither sees
     (an in-place edit through `weight.data`, a torch.distributed broadcast into the weight) needs
     `clear_weight_cache()`, or fp4gen.nn.clear_weight_caches(model) for a whole model. A weight quantized
     under torch.inference_mode (a rollout) is kept as a normal tensor: the next training step reuses it.
@@ -341,6 +398,7 @@ class Linear(torch.nn.Linear):
     # the defaults of layers pickled before the attributes existed
     keep_quantized_weight = True
     _static_weight_cache = False
+    _frozen_weight_cache = False
 
     @property
     def static_weight_cache(self) -> bool:
@@ -353,6 +411,26 @@ class Linear(torch.nn.Linear):
         self._static_weight_cache = check_static_weight_cache(static, self.keep_quantized_weight)
         if static:
             made_static(self, self._weight_cache, self._bias_cache)
+
+    @property
+    def frozen_weight_cache(self) -> bool:
+        """Whether the weight cache is frozen (fp4gen.nn.frozen_weight_caches): optimizer steps leave it alone."""
+        return self._frozen_weight_cache
+
+    @frozen_weight_cache.setter
+    def frozen_weight_cache(self, frozen: bool) -> None:
+        frozen = check_frozen_weight_cache(frozen, self.keep_quantized_weight)
+        if frozen != self._frozen_weight_cache:
+            self._weight_cache = rekeyed(self._weight_cache, frozen)
+            self._bias_cache = rekeyed(self._bias_cache, frozen)
+            self._frozen_weight_cache = frozen
+
+    def has_gradients(self) -> bool:
+        """Whether the weight or the bias has a gradient now (an optimizer step would move it)."""
+        return has_gradient(self.weight) or has_gradient(self.bias)
+
+    def _cache_key(self, t: torch.Tensor, made_with) -> tuple:
+        return cache_key(t, made_with, self._frozen_weight_cache)
 
     def _init_nvfp4(self, recipe, accumulate_main_grad, keep_quantized_weight: bool = True) -> None:
         """The state this class adds to torch.nn.Linear's (also set by fp4gen.convert on a converted layer)."""
@@ -428,9 +506,10 @@ class Linear(torch.nn.Linear):
             if not self.static_weight_cache:  # the graph must contain the quantization itself
                 q = quantize_weight(ops, weight.detach(), self.recipe)
                 return q[:3], q[3:]
-            return graph_payload(self._weight_cache, lambda: cache_key(weight, self.recipe), weight, "fp4gen.nn.Linear")
+            return graph_payload(self._weight_cache, lambda: self._cache_key(weight, self.recipe), weight,
+                                 "fp4gen.nn.Linear")
         entry = self._weight_cache  # read once: an optimizer step's hook may clear the attribute meanwhile
-        if not cache_holds(entry, cache_key(weight, self.recipe), weight):
+        if not cache_holds(entry, self._cache_key(weight, self.recipe), weight):
             entry = self._weight_cache = self._weight_entry(ops, entry, weight)
         return entry[1], entry[2]
 
@@ -438,7 +517,8 @@ class Linear(torch.nn.Linear):
         """The cache entry of the weight as it is now (static: in old's tensors)."""
         q = made_to_last(quantize_weight, ops, weight.detach(), self.recipe)  # kept for training after inference
         self._hold()
-        return kept_entry(old, cache_key(weight, self.recipe), (q[:3], q[3:]), weight, self.static_weight_cache)
+        return kept_entry(old, self._cache_key(weight, self.recipe), (q[:3], q[3:]), weight,
+                          self.static_weight_cache)
 
     def _hold(self) -> None:
         """Register the layer as holding a cache entry (the optimizer-step hooks drop or remake them)."""
@@ -456,16 +536,17 @@ class Linear(torch.nn.Linear):
         if in_graph:
             if not self.static_weight_cache:
                 return _fp32_bias(bias.detach(), y_dtype)
-            return graph_payload(self._bias_cache, lambda: cache_key(bias, y_dtype), bias, "fp4gen.nn.Linear")[0]
+            return graph_payload(self._bias_cache, lambda: self._cache_key(bias, y_dtype), bias,
+                                 "fp4gen.nn.Linear")[0]
         entry = self._bias_cache
-        if not cache_holds(entry, cache_key(bias, y_dtype), bias):
+        if not cache_holds(entry, self._cache_key(bias, y_dtype), bias):
             entry = self._bias_cache = self._bias_entry(entry, bias, y_dtype)
         return entry[1]
 
     def _bias_entry(self, old, bias: torch.Tensor, y_dtype: torch.dtype) -> tuple:
         self._hold()
-        return kept_entry(old, cache_key(bias, y_dtype), (made_to_last(_fp32_bias, bias.detach(), y_dtype),), bias,
-                          self.static_weight_cache)
+        return kept_entry(old, self._cache_key(bias, y_dtype), (made_to_last(_fp32_bias, bias.detach(), y_dtype),),
+                          bias, self.static_weight_cache)
 
     def _compute_dtype(self, x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
         """The dtype the GEMMs take X in and Y comes out in: autocast's, else x's, which must then be the
@@ -614,13 +695,43 @@ def static_weight_caches(module: torch.nn.Module, enabled: bool = True) -> int:
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"static_weight_caches takes a torch.nn.Module, got {type(module).__name__}")
     check_static_weight_cache(enabled, True)
+    return _set_on_holders(module, "static_weight_cache", enabled, check_static_weight_cache)
+
+
+def _set_on_holders(module: torch.nn.Module, attribute: str, value: bool, check) -> int:
+    """Set a cache attribute on every fp4gen layer in module and every expert weight's cache, once every layer
+    passed `check` (none is set where one fails); returns how many were set."""
     from .hf_experts import projection_caches  # not at the top: it builds on this module
     holders = []
     for m in module.modules():
         if isinstance(m, (Linear, GroupedLinear)):
-            check_static_weight_cache(enabled, m.keep_quantized_weight)
+            check(value, m.keep_quantized_weight)
             holders.append(m)
     holders.extend(projection_caches(module))
     for holder in holders:
-        holder.static_weight_cache = enabled
+        setattr(holder, attribute, value)
     return len(holders)
+
+
+def frozen_weight_caches(module: torch.nn.Module, enabled: bool = True) -> int:
+    """Freeze the weight caches of every fp4gen layer in `module` (enabled=False: normal again): for weights that no
+    optimizer moves, such as an RL reference model or the base weights under LoRA. Returns how many caches it set:
+    one a layer, one an expert weight.
+
+    A normal cache is dropped at every torch.optim optimizer step in the process, whichever parameters it steps,
+    since a step may refresh a weight without moving its version counter (FSDP2); a frozen model's layers would
+    quantize every weight again at their first forward after each step. A frozen cache is left alone by optimizer
+    steps (a static one is not remade after them either) and is remade only when the weight's version counter or
+    address changes (copy_, load_state_dict, in-place ops on the parameter, a reassigned parameter) and at
+    clear_weight_caches. So a change that these cannot see (writes through `.data`, collectives into the
+    parameters, a wrapper that refills the weight) needs clear_weight_caches(module) afterwards, also where an
+    optimizer step made it. A frozen layer whose weight or bias has a gradient (.grad, or .main_grad) when an
+    optimizer steps is being trained after all: its caches are then dropped (static: remade) like any other's,
+    with a warning once a process.
+
+    Not for layers built with keep_quantized_weight=False: those keep no cache, and this raises ValueError. The
+    experts that fp4gen.hf_experts runs count too: two caches an experts module."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"frozen_weight_caches takes a torch.nn.Module, got {type(module).__name__}")
+    check_frozen_weight_cache(enabled, True)
+    return _set_on_holders(module, "frozen_weight_cache", enabled, check_frozen_weight_cache)

@@ -10,6 +10,10 @@ weights of that moment after optimizer updates, so a captured step quantizes the
 cache (fp4gen.nn.static_weight_caches) keeps its payload's tensors for as long as the layer lives: a payload
 made again (the weight changed, an optimizer stepped, clear_weight_caches) is copied into them, so graphs and
 compiled code that read those tensors see the new weights, and a captured step reads them instead of quantizing.
+
+A frozen cache (fp4gen.nn.frozen_weight_caches) is one that optimizer steps leave alone: for weights that no
+optimizer moves (a reference or teacher model, the base weights under LoRA), whose normal caches every step of the
+trained model's optimizer would otherwise drop. Its keys hold no count of optimizer steps.
 """
 from __future__ import annotations
 
@@ -97,8 +101,14 @@ def graph_payload(entry, key, source: torch.Tensor, layer: str) -> tuple:
     return entry[1:-1]
 
 
-def refresh_static_holders() -> None:
-    """Remake every static cache in place (after an optimizer step: the weights moved)."""
+def refresh_static_holders(moved) -> None:
+    """Remake in place every static cache whose weights an optimizer step may have moved (moved(holder))."""
     for holder in list(STATIC_HOLDERS):
-        if holder.static_weight_cache:
+        if holder.static_weight_cache and moved(holder):
             holder.refresh_weight_cache()
+
+
+def has_gradient(t) -> bool:
+    """Whether t (a parameter, or None) has a gradient now that an optimizer step would apply: .grad, or the fp32
+    .main_grad that accumulate_main_grad layers add into."""
+    return t is not None and (t.grad is not None or getattr(t, "main_grad", None) is not None)

@@ -329,3 +329,30 @@ def test_static_expert_caches_are_remade_in_place_by_an_optimizer_step(kind):
     fresh = StackedWeightCache(cache.transposed).get(weight, fp4gen.Recipe(stochastic_rounding=False))
     assert all(torch.equal(a, b) for a, b in zip(now, fresh[0] + fresh[1]))
     assert not torch.equal(now[0], codes_before)  # the step moved the weights, and the codes with them
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "gpt_oss"])
+def test_a_frozen_reference_keeps_its_expert_caches_through_the_policys_steps(kind):
+    """fp4gen.nn.frozen_weight_caches on a converted reference model (experts included, before their first call):
+    the policy's optimizer steps leave the reference's quantized weights alone (a normal cache would be dropped by
+    each), and the reference keeps computing with its own weights."""
+    policy = tiny_moe(kind, experts_implementation=NEAREST)
+    fp4gen.convert(policy, skip="lm_head")
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    layers = sum(isinstance(m, fp4gen.nn.Linear) for m in reference.modules())
+    assert fp4gen.nn.frozen_weight_caches(reference) == layers + 2 * SHAPES["num_hidden_layers"]
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        expected = reference(input_ids=ids).logits
+    caches = experts_of(reference)._fp4gen_weight_caches
+    kept = {name: cache.entry for name, cache in caches.items()}
+    for _ in range(2):
+        policy(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        assert all(caches[name].entry is entry for name, entry in kept.items())
+        with torch.no_grad():
+            assert torch.equal(reference(input_ids=ids).logits, expected)
+    assert all(caches[name].entry is entry for name, entry in kept.items())
+    assert experts_of(policy)._fp4gen_weight_caches["down_proj"].entry is None  # the policy's: dropped by the step

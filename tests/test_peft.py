@@ -64,3 +64,37 @@ def test_converting_after_the_adapters_quantizes_them_unless_skipped():
     fp4gen.convert(model)
     for base, lora_a, lora_b in _wrapped(model):
         assert type(lora_a) is fp4gen.nn.Linear and type(lora_b) is fp4gen.nn.Linear
+
+
+def _lora_losses(freeze: bool, steps: int = 4):
+    """Losses of LoRA training on converted base layers, and whether every base layer kept one cache entry
+    throughout (quantized once)."""
+    torch.manual_seed(0)
+    model = Block()
+    fp4gen.convert(model)
+    model = _lora(model)
+    bases = [m for m in model.modules() if isinstance(m, fp4gen.nn.Linear)]
+    if freeze:
+        assert fp4gen.nn.frozen_weight_caches(model) == 3  # q, v and out: all frozen by get_peft_model
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    x, target = torch.randn(32, 64), torch.randn(32, 32)
+    losses, first, kept = [], None, True
+    for _ in range(steps):
+        loss = (model(x) - target).square().mean()
+        loss.backward()
+        entries = [base._weight_cache for base in bases]
+        first = first or entries
+        kept = kept and all(a is b for a, b in zip(entries, first))
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, kept
+
+
+def test_frozen_base_caches_train_lora_the_same_and_quantize_the_base_weights_once():
+    """The base weights never change, so frozen caches skip their requantization after each optimizer step (a normal
+    cache is dropped by every step) and the adapters train to the same losses, bit for bit."""
+    frozen_losses, frozen_kept = _lora_losses(True)
+    normal_losses, normal_kept = _lora_losses(False)
+    assert frozen_losses == normal_losses and frozen_losses[-1] < frozen_losses[0]
+    assert frozen_kept and not normal_kept
