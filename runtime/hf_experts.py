@@ -12,7 +12,8 @@ model's own stacked expert weights):
     fp4gen.convert(model, skip="lm_head")             # the dense layers (attention, shared experts) too
 
 Each expert weight is quantized once and reused until it changes, as fp4gen.nn.GroupedLinear's (and
-fp4gen.nn.static_weight_caches(model) makes those caches static for CUDA graphs and torch.compile). The routing
+fp4gen.nn.static_weight_caches(model) makes those caches static for CUDA graphs and torch.compile, and
+fp4gen.nn.frozen_weight_caches(model) keeps them through optimizer steps for a model no optimizer trains). The routing
 stays on the device: a step never synchronizes on it. Weights stored [num_experts, out, in] (transformers'
 default) and transposed, [num_experts, in, out] (`is_transposed`, as gpt-oss stores them), are both taken as they
 lie. What it needs: both dimensions of each weight multiples of 64, and no expert parallelism; anything else
@@ -62,7 +63,7 @@ def experts_modules(model: torch.nn.Module) -> list:
 def projection_caches(model: torch.nn.Module) -> list:
     """The StackedWeightCaches of the expert projections of every experts module in `model` that runs an
     implementation register() added, made (empty) where the module's first call has not made them yet: what
-    fp4gen.nn.static_weight_caches sets."""
+    fp4gen.nn.static_weight_caches and frozen_weight_caches set."""
     caches = []
     for _, experts, implementation in experts_modules(model):
         if runs_in_nvfp4(implementation):

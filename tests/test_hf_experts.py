@@ -221,13 +221,16 @@ def test_clear_weight_caches_reaches_the_experts():
         assert not torch.equal(after, before) and torch.equal(after, twin(input_ids=ids).logits)
 
 
-def check_an_rl_iteration_with_a_reference_model(device, dtype):
+def check_an_rl_iteration_with_a_reference_model(device, dtype, frozen=True):
     """What docs/recipes.md's RL section describes, on a tiny Qwen3-MoE converted whole: rollouts generated under
-    inference mode, a training step of the policy, then a reference model synced through .data (as TRL's
-    sync_ref_model does): stale until its caches are cleared, then computing with the synced weights."""
+    inference mode, a training step of the policy (which leaves the reference's frozen caches alone, and drops
+    normal ones: frozen=False), then a reference model synced through .data (as TRL's sync_ref_model does): stale
+    until its caches are cleared, then computing with the synced weights."""
     policy = tiny_moe("qwen3").to(device, dtype)
     fp4gen.convert(policy, skip="lm_head")
     reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    fp4gen.nn.frozen_weight_caches(reference, frozen)
+    reference_caches = experts_of(reference)._fp4gen_weight_caches
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
     prompts = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(6)).to(device)
     with torch.inference_mode():
@@ -236,22 +239,25 @@ def check_an_rl_iteration_with_a_reference_model(device, dtype):
     rollouts = rollouts.clone()  # an inference tensor cannot enter autograd
     loss = policy(input_ids=rollouts, labels=rollouts).loss
     loss.backward()
-    opt.step()  # drops every cache, the reference's too
+    kept = reference_caches["gate_up_proj"].entry
+    opt.step()  # drops the policy's caches, and the reference's unless frozen
+    assert (reference_caches["gate_up_proj"].entry is kept) == frozen
     with torch.no_grad():
-        assert torch.equal(reference(input_ids=rollouts).logits, reference_before)  # caches made again
+        assert torch.equal(reference(input_ids=rollouts).logits, reference_before)  # kept, or made again
     alpha = 0.5
     for r, p in zip(reference.parameters(), policy.parameters()):
         r.data.mul_(1 - alpha).add_(p.data, alpha=alpha)
     with torch.no_grad():
         twin = copy.deepcopy(reference)  # a copy makes its caches afresh, from the synced weights
         expected = twin(input_ids=rollouts).logits
-        assert not torch.equal(reference(input_ids=rollouts).logits, expected)  # stale: no step since the sync
+        assert not torch.equal(reference(input_ids=rollouts).logits, expected)  # stale: nothing saw the sync
         assert fp4gen.nn.clear_weight_caches(reference) > 0
         assert torch.equal(reference(input_ids=rollouts).logits, expected)
 
 
-def test_an_rl_iteration_with_a_reference_model():
-    check_an_rl_iteration_with_a_reference_model("cpu", torch.float32)
+@pytest.mark.parametrize("frozen", [True, False], ids=["frozen", "normal"])
+def test_an_rl_iteration_with_a_reference_model(frozen):
+    check_an_rl_iteration_with_a_reference_model("cpu", torch.float32, frozen)
 
 
 def test_unsupported_experts_raise():
