@@ -49,7 +49,6 @@ def grouped_rows(step):
         offs32 = ends.to(torch.int32)
         rows.append((f"GroupedLinear {name}", *times(layer, step, lambda: mm(x, w_t, offs=offs32),
                                                      lambda: layer(x, ends))))
-        del layer, w_t, x
     return rows
 
 
