@@ -288,9 +288,10 @@ def cache_key(t: torch.Tensor, made_with, frozen: bool) -> tuple:
 
 
 def rekeyed(entry, frozen: bool):
-    """A cache entry made while its holder was normal (frozen=True: it was made while normal and the holder is now
-    frozen) or frozen (frozen=False), keyed as the holder is now, so that freezing or unfreezing a cache does not
-    make it stale. An entry that was stale already is returned as it is, and stays stale."""
+    """The entry of a holder just made frozen (frozen=True) or normal again (frozen=False), keyed as the holder now
+    is: the count of optimizer steps in its key becomes None, or the current count, so that the change alone does
+    not make a current entry stale. An entry that was stale already (made before the last step) is returned as it
+    is."""
     if entry is None:
         return None
     key = entry[0]
@@ -365,9 +366,8 @@ class Linear(torch.nn.Linear):
 
     The quantized weight (and the bias, converted to the fp32 that the forward GEMM's epilogue adds) is
     reused until its version counter moves or any torch.optim optimizer steps (a frozen cache,
-    fp4gen.nn.frozen_weight_caches, for weights no optimizer moves: until the version counter moves). A change
-    that neither sees
-    (an in-place edit through `weight.data`, a torch.distributed broadcast into the weight) needs
+    fp4gen.nn.frozen_weight_caches, for weights that no optimizer moves, ignores the steps). A change that
+    neither sees (an in-place edit through `weight.data`, a torch.distributed broadcast into the weight) needs
     `clear_weight_cache()`, or fp4gen.nn.clear_weight_caches(model) for a whole model. A weight quantized
     under torch.inference_mode (a rollout) is kept as a normal tensor: the next training step reuses it.
     CUDA graphs and torch.compile quantize the weight at every call, unless the cache is static
