@@ -8,7 +8,8 @@ then the layer's forward without autograd. Rows: fp4gen.nn.Linear at a reference
 a small one (256), and fp4gen.nn.GroupedLinear with Qwen3-30B-A3B's and Mixtral's expert shapes (bench/moe.py's
 uniform routing). Times are eager CUDA-event medians (bench/timing.py); "vs bf16" = fp4gen time / the bf16
 baseline's (torch.nn.Linear, or torch.nn.functional.grouped_mm), which runs after the same optimizer step.
-Run on a GPU: python bench/frozen_caches.py"""
+"MB kept": the quantized weight the cache holds after those forwards (a frozen cache made without autograd keeps
+the rowwise copy alone). Run on a GPU: python bench/frozen_caches.py"""
 import torch
 
 import fp4gen
@@ -52,8 +53,16 @@ def grouped_rows(step):
     return rows
 
 
+def kept_mb(layer) -> float:
+    """MB of quantized weight in the layer's cache entry (codes, scales and amaxes of the copies it holds)."""
+    entry = layer._weight_cache.entry if isinstance(layer, fp4gen.nn.GroupedLinear) else layer._weight_cache
+    tensors = [t for copy in entry[1:3] if copy is not None for t in copy]
+    return sum(t.numel() * t.element_size() for t in tensors) / 1e6
+
+
 def times(layer, step, baseline, forward) -> tuple:
-    """(baseline us, fp4gen us with a normal cache, with a frozen cache): an optimizer step, then the forward."""
+    """(baseline us, fp4gen us with a normal cache, with a frozen cache, MB kept by each): an optimizer step, then
+    the forward."""
     def timed(fn):
         def call():
             step()
@@ -63,10 +72,13 @@ def times(layer, step, baseline, forward) -> tuple:
 
     base = timed(baseline)
     normal = timed(forward)
+    normal_mb = kept_mb(layer)
     fp4gen.nn.frozen_weight_caches(layer)
+    layer.clear_weight_cache()  # the entry the normal forwards made holds both copies
     frozen = timed(forward)
+    frozen_mb = kept_mb(layer)
     fp4gen.nn.frozen_weight_caches(layer, False)
-    return base, normal, frozen
+    return base, normal, frozen, normal_mb, frozen_mb
 
 
 def main():
@@ -75,10 +87,10 @@ def main():
     alone = median_ms(step) * 1e3
     print(f"the optimizer step alone: {alone:.1f} us (in every row)")
     print(f"{'step, then forward (eager)':>36} {'bf16 us':>9} {'normal us':>10} {'vs bf16':>8} {'frozen us':>10} "
-          f"{'vs bf16':>8} {'frozen/normal':>14}")
-    for label, base, normal, frozen in linear_rows(step) + grouped_rows(step):
+          f"{'vs bf16':>8} {'frozen/normal':>14} {'MB kept normal':>15} {'frozen':>7}")
+    for label, base, normal, frozen, normal_mb, frozen_mb in linear_rows(step) + grouped_rows(step):
         print(f"{label:>36} {base:>9.1f} {normal:>10.1f} {normal / base:>8.2f} {frozen:>10.1f} "
-              f"{frozen / base:>8.2f} {frozen / normal:>14.2f}", flush=True)
+              f"{frozen / base:>8.2f} {frozen / normal:>14.2f} {normal_mb:>15.1f} {frozen_mb:>7.1f}", flush=True)
 
 
 if __name__ == "__main__":

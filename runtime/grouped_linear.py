@@ -138,6 +138,8 @@ class StackedWeightCache:
     def static_weight_cache(self, static: bool) -> None:
         self._static = _nn.check_static_weight_cache(static, True)
         if static:
+            if self.entry is not None and self.entry[2] is None:  # a static cache holds both copies
+                self.entry = None
             made_static(self, self.entry)
 
     @property
@@ -173,8 +175,10 @@ class StackedWeightCache:
         self.entry, self.transposed = None, state[1]["transposed"]
         self._static, self._frozen = state[1].get("static", False), state[1].get("frozen", False)
 
-    def get(self, weight: torch.Tensor, recipe: Recipe):
-        """(rowwise, columnwise) triples of the [E, out, in] weight, from the cache where it holds them."""
+    def get(self, weight: torch.Tensor, recipe: Recipe, grad: bool = True):
+        """(rowwise, columnwise) triples of the [E, out, in] weight, from the cache where it holds them. grad: whether
+        the calling forward records autograd (a frozen cache makes the columnwise copy only for one that does, and
+        returns None for it otherwise: nn.columnwise_when_asked)."""
         ops = grouped_torch_ops.for_caller()
         if _nn.traced_or_captured(weight):
             if not self._static:
@@ -183,7 +187,10 @@ class StackedWeightCache:
                                  "fp4gen.nn.GroupedLinear")
         entry = self.entry  # read once: an optimizer step's hook may clear it meanwhile
         if not cache_holds(entry, _nn.cache_key(weight, recipe, self._frozen), weight):
-            entry = self.entry = self._entry(ops, entry, weight, recipe)
+            entry = self.entry = self._entry(ops, entry, weight, recipe, grad)
+        elif entry[2] is None and grad:
+            columnwise = made_to_last(stacked_copies, ops, weight.detach(), self.transposed, recipe, rowwise=False)[1]
+            entry = self.entry = (entry[0], entry[1], columnwise, entry[-1])
         return entry[1], entry[2]
 
     def refresh_weight_cache(self) -> None:
@@ -196,9 +203,12 @@ class StackedWeightCache:
         weight = stored.transpose(1, 2) if self.transposed else stored  # the [E, out, in] weight get() was given
         self.entry = self._entry(grouped_torch_ops.for_caller(), entry, weight, entry[0][-1])
 
-    def _entry(self, ops, old, weight: torch.Tensor, recipe: Recipe) -> tuple:
+    def _entry(self, ops, old, weight: torch.Tensor, recipe: Recipe, grad: bool = True) -> tuple:
+        columnwise = _nn.columnwise_when_asked(self, grad)
         # made as normal tensors: kept for training steps after an inference pass
-        payload = made_to_last(stacked_copies, ops, weight.detach(), self.transposed, recipe)
+        payload = made_to_last(stacked_copies, ops, weight.detach(), self.transposed, recipe, columnwise=columnwise)
+        if not columnwise:
+            payload = (payload[0], None)
         _nn._CACHE_HOLDERS.add(self)
         if self._static:
             STATIC_HOLDERS.add(self)
@@ -256,7 +266,7 @@ def grouped_linear(x: torch.Tensor, offsets, weight: torch.Tensor, bias: torch.T
         raise ValueError(f"offsets has {offsets.shape[0]} group ends; the weight has {num_experts} experts")
     need_wgrad = torch.is_grad_enabled() and weight.requires_grad
     if keep_quantized_weight:
-        w_row, w_col = weight_cache.get(weight, recipe)
+        w_row, w_col = weight_cache.get(weight, recipe, torch.is_grad_enabled())
     else:
         if weight_cache.entry is not None:  # kept before keep_quantized_weight was turned off (static or not)
             weight_cache.entry = None

@@ -287,6 +287,15 @@ def cache_key(t: torch.Tensor, made_with, frozen: bool) -> tuple:
     return (t._version, None if frozen else _optimizer_steps, t.data_ptr(), t.dtype, t.device, made_with)
 
 
+def columnwise_when_asked(holder, grad: bool) -> bool:
+    """Whether a new cache entry includes the columnwise copy of the weight (dgrad's operand): always, but in a
+    frozen, not static cache made by a forward without autograd. A frozen model that only runs such forwards (a
+    reference model) then keeps the rowwise copy alone, about half the memory; a forward with autograd adds the
+    columnwise copy to the entry (rows and columns quantized apart give the bytes they give together). A normal
+    cache makes both at once, since a training step usually follows the forwards without autograd (rollouts)."""
+    return grad or holder.static_weight_cache or not holder.frozen_weight_cache
+
+
 def rekeyed(entry, frozen: bool):
     """The entry of a holder just made frozen (frozen=True) or normal again (frozen=False), keyed as the holder now
     is: the count of optimizer steps in its key becomes None, or the current count, so that the change alone does
@@ -410,6 +419,8 @@ class Linear(torch.nn.Linear):
     def static_weight_cache(self, static: bool) -> None:
         self._static_weight_cache = check_static_weight_cache(static, self.keep_quantized_weight)
         if static:
+            if self._weight_cache is not None and self._weight_cache[2] is None:  # a static cache holds both copies
+                self._weight_cache = None
             made_static(self, self._weight_cache, self._bias_cache)
 
     @property
@@ -493,11 +504,13 @@ class Linear(torch.nn.Linear):
         state["_weight_cache"] = state["_bias_cache"] = None
         return state
 
-    def _quantized_weight(self, ops, weight: torch.Tensor, in_graph: bool):
+    def _quantized_weight(self, ops, weight: torch.Tensor, in_graph: bool, grad: bool = True):
         """(rowwise, columnwise) triples of W, per tensor. Cached on the weight's version counter in eager
         mode; in_graph (torch.compile tracing or CUDA-graph capture: traced_or_captured) makes the
         quantization part of the graph instead, unless the cache is static. Without keep_quantized_weight: the
-        rowwise copy alone, made now, and None for the columnwise one (backward makes it from the weight)."""
+        rowwise copy alone, made now, and None for the columnwise one (backward makes it from the weight).
+        grad: whether this forward records autograd (a frozen cache makes the columnwise copy only for one that
+        does, and returns None for it otherwise, see columnwise_when_asked)."""
         if not self.keep_quantized_weight:
             if self._weight_cache is not None:  # kept before keep_quantized_weight was turned off
                 self._weight_cache = None
@@ -510,14 +523,19 @@ class Linear(torch.nn.Linear):
                                  "fp4gen.nn.Linear")
         entry = self._weight_cache  # read once: an optimizer step's hook may clear the attribute meanwhile
         if not cache_holds(entry, self._cache_key(weight, self.recipe), weight):
-            entry = self._weight_cache = self._weight_entry(ops, entry, weight)
+            entry = self._weight_cache = self._weight_entry(ops, entry, weight, grad)
+        elif entry[2] is None and grad:
+            columnwise = made_to_last(quantize_weight, ops, weight.detach(), self.recipe, rowwise=False)[3:]
+            entry = self._weight_cache = (entry[0], entry[1], columnwise, entry[-1])
         return entry[1], entry[2]
 
-    def _weight_entry(self, ops, old, weight: torch.Tensor) -> tuple:
+    def _weight_entry(self, ops, old, weight: torch.Tensor, grad: bool = True) -> tuple:
         """The cache entry of the weight as it is now (static: in old's tensors)."""
-        q = made_to_last(quantize_weight, ops, weight.detach(), self.recipe)  # kept for training after inference
+        columnwise = columnwise_when_asked(self, grad)
+        # kept for training after inference
+        q = made_to_last(quantize_weight, ops, weight.detach(), self.recipe, columnwise=columnwise)
         self._hold()
-        return kept_entry(old, self._cache_key(weight, self.recipe), (q[:3], q[3:]), weight,
+        return kept_entry(old, self._cache_key(weight, self.recipe), (q[:3], q[3:] if columnwise else None), weight,
                           self.static_weight_cache)
 
     def _hold(self) -> None:
@@ -586,7 +604,7 @@ class Linear(torch.nn.Linear):
             x2d = torch.nn.functional.pad(x2d, (0, 0, 0, pad))
         ops = torch_ops.for_caller()
         in_graph = traced_or_captured(x2d)
-        qw_row, qw_col = self._quantized_weight(ops, weight, in_graph)
+        qw_row, qw_col = self._quantized_weight(ops, weight, in_graph, grad)
         epilogue_bias = self._epilogue_bias(bias, GEMM_OUT[x2d.dtype], in_graph)
         # a step takes x itself where its rows are contiguous, and gives Y shaped [..., out_features]: no views
         # between x and Y, whose nodes autograd would walk back
@@ -727,7 +745,9 @@ def frozen_weight_caches(module: torch.nn.Module, enabled: bool = True) -> int:
     parameters, a wrapper that refills the weight) needs clear_weight_caches(module) afterwards, also where an
     optimizer step made it. A frozen layer whose weight or bias has a gradient (.grad, or .main_grad) when an
     optimizer steps is being trained after all: its caches are then dropped (static: remade) like any other's,
-    with a warning once a process.
+    with a warning once a process. Made by a forward without autograd, a frozen cache that is not static holds the
+    weight's rowwise copy alone (half the memory: what a reference model's forwards need); a forward with autograd
+    adds the columnwise copy.
 
     Not for layers built with keep_quantized_weight=False: those keep no cache, and this raises ValueError. The
     experts that fp4gen.hf_experts runs count too: two caches an experts module."""

@@ -9,6 +9,7 @@ import torch
 
 import fp4gen
 from fp4gen import nn as fnn
+from fp4gen.grouped_linear import stacked_copies
 
 OFFSETS = [5, 5, 20, 32]  # four experts, one without tokens
 
@@ -235,3 +236,50 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="no cache to freeze"):
         grouped.frozen_weight_cache = True
     assert fp4gen.nn.frozen_weight_caches(both, enabled=False) == 2  # turning them off is always allowed
+
+
+def fresh_columnwise(layer):
+    """The weight's columnwise triple quantized now, as the layer quantizes it."""
+    if isinstance(layer, fp4gen.nn.GroupedLinear):
+        return stacked_copies(fp4gen.grouped_torch_ops.for_caller(), layer.weight.detach(), False, layer.recipe)[1]
+    return fnn.quantize_weight(fp4gen.torch_ops.for_caller(), layer.weight.detach(), layer.recipe)[3:]
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["Linear", "GroupedLinear"])
+def test_a_frozen_forward_without_autograd_keeps_the_rowwise_copy_alone(index):
+    """A reference model's forwards (no autograd) need only W's rowwise copy: a frozen cache keeps that alone, and
+    the first forward with autograd adds the columnwise copy (dgrad's operand) to the same entry, with the bytes
+    that quantizing both at once gives and the gradients of a normal layer."""
+    layer, normal = make(index), make(index)
+    layer.requires_grad_(False), normal.requires_grad_(False)  # frozen base weights, as under LoRA
+    fp4gen.nn.frozen_weight_caches(layer)
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        assert torch.equal(call(layer, x), call(normal, x))
+    rowwise = entry_of(layer)[1]
+    assert entry_of(layer)[2] is None and entry_of(normal)[2] is not None  # a normal cache makes both at once
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    dy = torch.randn(32, 32 if index == 0 else 64)
+    call(layer, xs[0]).backward(dy)
+    call(normal, xs[1]).backward(dy)
+    assert torch.equal(xs[0].grad, xs[1].grad)
+    entry = entry_of(layer)
+    assert entry[1] is rowwise and all(torch.equal(a, b) for a, b in zip(entry[2], fresh_columnwise(layer)))
+    assert all(torch.equal(a, b) for a, b in zip(entry[2], entry_of(normal)[2]))
+    with torch.no_grad():
+        call(layer, x)
+    assert entry_of(layer) is entry  # kept whole
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["Linear", "GroupedLinear"])
+def test_a_static_frozen_cache_holds_both_copies(index):
+    layer = make(index)
+    fp4gen.nn.frozen_weight_caches(layer)
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        call(layer, x)
+        assert entry_of(layer)[2] is None
+        fp4gen.nn.static_weight_caches(layer)  # graphs read both copies where they lie: the half entry goes
+        assert entry_of(layer) is None
+        call(layer, x)
+    assert all(torch.equal(a, b) for a, b in zip(entry_of(layer)[2], fresh_columnwise(layer)))

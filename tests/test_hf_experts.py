@@ -353,6 +353,7 @@ def test_a_frozen_reference_keeps_its_expert_caches_through_the_policys_steps(ki
         expected = reference(input_ids=ids).logits
     caches = experts_of(reference)._fp4gen_weight_caches
     kept = {name: cache.entry for name, cache in caches.items()}
+    assert all(entry[2] is None for entry in kept.values())  # forwards without autograd: the rowwise copies alone
     for _ in range(2):
         policy(input_ids=ids, labels=ids).loss.backward()
         opt.step()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fp4gen
-from test_frozen_weight_caches import entry_of
+from test_frozen_weight_caches import entry_of, fresh_columnwise
 from test_static_weight_caches_gpu import captured, make
 
 pytestmark = pytest.mark.gpu
@@ -81,3 +81,24 @@ def test_a_trained_frozen_layer_follows_its_weights(kind, monkeypatch):
         twin = copy.deepcopy(layer)  # makes its caches afresh, from the stepped weights
         after = call(layer, x)
         assert torch.equal(after, call(twin, x)) and not torch.equal(after, before)
+
+
+@pytest.mark.parametrize("kind", ["Linear", "GroupedLinear"])
+def test_a_frozen_cache_adds_the_columnwise_copy_at_the_first_forward_with_autograd(kind):
+    """The columnwise-only kernel's copy equals the one the both-copies kernel makes (a normal layer's), and dgrad
+    through it gives a normal layer's input gradient."""
+    layer, call = make(kind)
+    layer.requires_grad_(False)
+    normal = copy.deepcopy(layer)
+    fp4gen.nn.frozen_weight_caches(layer)
+    x = torch.randn(128, 128, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(call(layer, x), call(normal, x))
+    assert entry_of(layer)[2] is None
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    dy = torch.randn(128, layer.weight.shape[-2], device="cuda", dtype=torch.bfloat16)
+    call(layer, xs[0]).backward(dy)
+    call(normal, xs[1]).backward(dy)
+    assert torch.equal(xs[0].grad, xs[1].grad)
+    for got, fresh, both in zip(entry_of(layer)[2], fresh_columnwise(layer), entry_of(normal)[2]):
+        assert torch.equal(got, fresh) and torch.equal(got, both)
