@@ -153,6 +153,24 @@ def test_nan_in_a_stacked_weight_stays_in_its_group():
     assert torch.isnan(got.columnwise.amax.cpu()).tolist() == [False, False, True, False]
 
 
+@pytest.mark.parametrize("option", ["plain", "4o6-mae"])
+@pytest.mark.parametrize("scaling,block", [("tensor", (16, 16)), ("tensor", (1, 16)), ("row", (1, 16))])
+@pytest.mark.parametrize("copies", [(True, False), (False, True)], ids=["rowwise", "columnwise"])
+def test_one_copy_of_stacked_weights(copies, option, scaling, block):
+    """One copy of stacked weights alone (a weight cache made without autograd, dgrad's columnwise copy made in
+    backward) equals the reference's and that copy of a both-copies call. The columnwise-only call with 16x16 blocks
+    once read the group amax through a null rowwise amax pointer (an illegal address)."""
+    torch.manual_seed(6)
+    scales = torch.tensor([0.5, 1.0, 2.0, 4.0], device="cuda").view(-1, 1, 1)
+    w = torch.randn(4, 64, 128, device="cuda", dtype=torch.bfloat16) * scales
+    got = assert_same_as_reference(w, None, scaling=scaling, block=block, rowwise=copies[0], columnwise=copies[1],
+                                   **OPTIONS[option])
+    both = fp4gen.quantize_grouped(w, None, scaling=scaling, block=block, **OPTIONS[option])
+    name = "rowwise" if copies[0] else "columnwise"
+    for field in ("data", "scale", "amax"):
+        assert torch.equal(_bits(getattr(getattr(got, name), field)), _bits(getattr(getattr(both, name), field)))
+
+
 def test_stacked_rowwise_only_with_rows_off_the_grid():
     w = torch.randn(3, 40, 64, device="cuda", dtype=torch.float16)
     assert_same_as_reference(w, None, scaling="tensor", columnwise=False)

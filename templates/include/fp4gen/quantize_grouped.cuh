@@ -488,9 +488,12 @@ struct StackedTileLayout {
     if (row >= group_rows || block_col >= a->cols) return -1;
     return (group * group_rows + row) * (a->cols / 16) + block_col / 16;
   }
+  // Also the amax of a 16x16 block's tile (encode_options_tile) when only the columnwise copy is made: the group's one
+  // amax is then in col_amax alone (quantize_grouped_run passes no row_amax without rowwise outputs).
   __device__ __forceinline__ float row_amax(int r) const {
     if (row0 + r >= group_rows) return 0.0f;
-    return a->vector_amax ? a->row_amax[group * group_rows + row0 + r] : a->row_amax[group];
+    if (a->vector_amax) return a->row_amax[group * group_rows + row0 + r];
+    return (a->row_amax != nullptr ? a->row_amax : a->col_amax)[group];
   }
   __device__ __forceinline__ int64_t col_block(int c, int g) const {
     const int64_t col = col0 + c, block_row = row0 + 16 * g;
