@@ -248,12 +248,15 @@ def test_grouped_linear_equals_a_loop_of_linear_layers(bias):
     assert torch.equal(x.grad, x_loop.grad)
 
 
-def check_a_grouped_layer_that_keeps_no_quantized_weight(device, dtype):
+UNKEPT_RECIPES = {"1x16-4o6": fp4gen.Recipe(weight_block=(1, 16), four_over_six="weights"),  # options on W's copies
+                  "default": fp4gen.Recipe()}  # 16x16 blocks
+
+
+def check_a_grouped_layer_that_keeps_no_quantized_weight(device, dtype, recipe):
     """GroupedLinear(keep_quantized_weight=False) (for FSDP2): over steps with optimizer updates, the same outputs
     and gradients, byte for byte, as a layer that keeps its quantized weight; no cache is held, and the forward
     saves the weight itself instead of W's columnwise NVFP4 copy (the kept layer saves the copy)."""
     torch.manual_seed(12)
-    recipe = fp4gen.Recipe(weight_block=(1, 16), four_over_six="weights")  # both options on W's copies
     # no bias: its gradient's index_add_ runs in no fixed order on CUDA, which would part the two runs' weights
     layers = [fp4gen.nn.GroupedLinear(3, 64, 128, recipe=recipe, device=device, dtype=dtype,
                                       keep_quantized_weight=keep) for keep in (True, False)]
@@ -272,8 +275,9 @@ def check_a_grouped_layer_that_keeps_no_quantized_weight(device, dtype):
     assert sum(t.data_ptr() == layers[1].weight.data_ptr() for t in saved[1]) == len(inputs)
 
 
-def test_a_grouped_layer_that_keeps_no_quantized_weight_computes_the_same_bytes():
-    check_a_grouped_layer_that_keeps_no_quantized_weight("cpu", torch.float32)
+@pytest.mark.parametrize("recipe", UNKEPT_RECIPES)
+def test_a_grouped_layer_that_keeps_no_quantized_weight_computes_the_same_bytes(recipe):
+    check_a_grouped_layer_that_keeps_no_quantized_weight("cpu", torch.float32, UNKEPT_RECIPES[recipe])
 
 
 def test_a_second_backward_through_the_grouped_layer_raises():
