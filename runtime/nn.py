@@ -532,7 +532,7 @@ class Linear(torch.nn.Linear):
     def _weight_entry(self, ops, old, weight: torch.Tensor, grad: bool = True) -> tuple:
         """The cache entry of the weight as it is now (static: in old's tensors)."""
         columnwise = columnwise_when_asked(self, grad)
-        # kept for training after inference
+        # made as normal tensors: kept for training steps after an inference pass
         q = made_to_last(quantize_weight, ops, weight.detach(), self.recipe, columnwise=columnwise)
         self._hold()
         return kept_entry(old, self._cache_key(weight, self.recipe), (q[:3], q[3:] if columnwise else None), weight,
