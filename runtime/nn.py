@@ -672,11 +672,11 @@ def clear_weight_caches(module: torch.nn.Module) -> int:
     GroupedLinear's (quantized weight, fp32 bias) and those of experts run by fp4gen.hf_experts. Each is made
     again at its next call. Returns how many caches it found: one a layer, one an expert weight.
 
-    The caches notice changes made through the parameters (their version counters) and optimizer steps. Call
-    this after changing weights in a way they cannot see: in-place writes through `.data` (for example
-    `ref.data.mul_(1 - a).add_(p.data, alpha=a)`, a reference model's sync), torch.distributed collectives into
-    the parameters (broadcast and all_reduce move no version counter), or another library's kernels writing into
-    the parameters' memory."""
+    The caches notice changes made through the parameters (their version counters) and optimizer steps (frozen
+    caches, frozen_weight_caches: not the steps). Call this after changing weights in a way they cannot see:
+    in-place writes through `.data` (for example `ref.data.mul_(1 - a).add_(p.data, alpha=a)`, a reference model's
+    sync), torch.distributed collectives into the parameters (broadcast and all_reduce move no version counter),
+    or another library's kernels writing into the parameters' memory."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"clear_weight_caches takes a torch.nn.Module, got {type(module).__name__}")
     cleared = 0
