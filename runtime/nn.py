@@ -633,8 +633,8 @@ class Linear(torch.nn.Linear):
         if steps is None:
             return None
         recipe = self.recipe
-        step = steps.forward_step(x2d, qw_row, recipe, False, epilogue_bias,
-                                  e4m3_max_of(recipe.activation_four_over_six), e4m3_max_of(recipe.weight_four_over_six))
+        x_e4m3_max, w_e4m3_max = e4m3_max_of(recipe.activation_four_over_six), e4m3_max_of(recipe.weight_four_over_six)
+        step = steps.forward_step(x2d, qw_row, recipe, False, epilogue_bias, x_e4m3_max, w_e4m3_max)
         return None if step is None else steps.run_forward_step(step, step_x, qw_row, epilogue_bias)
 
     def _training_step(self, ops, x2d, step_x, weight, bias, qw_row, qw_col, need_wgrad, epilogue_bias, main_grad,

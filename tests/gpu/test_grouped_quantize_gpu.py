@@ -75,6 +75,39 @@ def test_one_copy(copies):
     assert_same_as_reference(x, ends, rowwise=copies[0], columnwise=copies[1], hadamard=copies[1])
 
 
+def _one_copy_cases():
+    """(kind, copy, option, scaling, block) of every one-copy call that quantize_grouped accepts: 16x16 blocks are
+    for stacked weights without the transform, and the transform is of the columnwise copy (others are refused,
+    tests/test_grouped.py)."""
+    for kind in ("tokens", "stacked"):
+        for copy in ("rowwise", "columnwise"):
+            for option, kwargs in OPTIONS.items():
+                for scaling, block in (("tensor", (16, 16)), ("tensor", (1, 16)), ("row", (1, 16))):
+                    hadamard = kwargs.get("hadamard", False)
+                    if (block == (16, 16) and (kind == "tokens" or hadamard)) or (hadamard and copy == "rowwise"):
+                        continue
+                    yield pytest.param(kind, copy, option, scaling, block,
+                                       id=f"{kind}-{copy}-{option}-{scaling}-{block[0]}x{block[1]}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind,copy,option,scaling,block", list(_one_copy_cases()))
+def test_every_one_copy_call_equals_reference(kind, copy, option, scaling, block, dtype):
+    """Each copy alone, for tokens (skewed routing: empty groups, counts off the 16 grid) and stacked weights: the
+    one-copy calls take other kernel paths than both copies (the columnwise-only stacked call with 16x16 blocks once
+    read a null amax pointer)."""
+    torch.manual_seed(9)
+    if kind == "tokens":
+        ends = _ends(ROUTINGS["skewed"])
+        x = (torch.randn(ends[-1], 208, device="cuda") * torch.rand(ends[-1], 1, device="cuda") * 4).to(dtype)
+    else:
+        ends, scales = None, torch.tensor([0.25, 1.0, 3.0, 8.0], device="cuda").view(-1, 1, 1)
+        x = (torch.randn(4, 48, 208, device="cuda") * scales).to(dtype)
+    got = assert_same_as_reference(x, ends, scaling=scaling, block=block, rowwise=copy == "rowwise",
+                                   columnwise=copy == "columnwise", **OPTIONS[option])
+    assert getattr(got, copy) is not None and getattr(got, "columnwise" if copy == "rowwise" else "rowwise") is None
+
+
 def test_wide_rows_and_many_groups():
     torch.manual_seed(2)
     sizes = torch.randint(0, 40, (64,)).tolist()
