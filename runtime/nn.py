@@ -309,24 +309,23 @@ def rekeyed(entry, frozen: bool):
     return ((key[0], None if frozen else _optimizer_steps, *key[2:]), *entry[1:])
 
 
+def _checked_cache_setting(name: str, value, keep_quantized_weight: bool, verb: str) -> bool:
+    """A cache setting (static_weight_cache, frozen_weight_cache), checked: a bool, and True only for a layer that
+    keeps its quantized weight."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    if value and not keep_quantized_weight:
+        raise ValueError(f"a layer built with keep_quantized_weight=False keeps no quantized weight, so it has no "
+                         f"cache to {verb}")
+    return value
+
+
 def check_frozen_weight_cache(frozen, keep_quantized_weight: bool) -> bool:
-    """frozen, checked: a bool, and True only for a layer that keeps its quantized weight."""
-    if not isinstance(frozen, bool):
-        raise TypeError(f"frozen_weight_cache must be True or False, got {frozen!r}")
-    if frozen and not keep_quantized_weight:
-        raise ValueError("a layer built with keep_quantized_weight=False keeps no quantized weight, so it has no "
-                         "cache to freeze")
-    return frozen
+    return _checked_cache_setting("frozen_weight_cache", frozen, keep_quantized_weight, "freeze")
 
 
 def check_static_weight_cache(static, keep_quantized_weight: bool) -> bool:
-    """static, checked: a bool, and True only for a layer that keeps its quantized weight."""
-    if not isinstance(static, bool):
-        raise TypeError(f"static_weight_cache must be True or False, got {static!r}")
-    if static and not keep_quantized_weight:
-        raise ValueError("a layer built with keep_quantized_weight=False keeps no quantized weight, so it has no "
-                         "cache to make static")
-    return static
+    return _checked_cache_setting("static_weight_cache", static, keep_quantized_weight, "make static")
 
 
 def _fp32_bias(bias: torch.Tensor, y_dtype: torch.dtype) -> torch.Tensor:
