@@ -73,7 +73,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         offsets, x_col, w_col = saved[0], saved[1:4], saved[4:]
         recipe = ctx.recipe
-        dy = dy.contiguous()
+        dy = _nn.kernel_readable_rows(dy)
         dx = dw = db = None
         if ctx.needs_x_grad or ctx.need_wgrad:
             q = ops.quantize(dy, offsets, recipe.gradient_scaling, [1, BLOCK], ctx.needs_x_grad, ctx.need_wgrad,
@@ -260,7 +260,7 @@ def grouped_linear(x: torch.Tensor, offsets, weight: torch.Tensor, bias: torch.T
     if x.dim() != 2 or x.shape[1] != in_features:
         raise ValueError(f"x has shape {tuple(x.shape)}; the grouped layer takes tokens [T, {in_features}] "
                          f"sorted by expert")
-    x = x.to(_compute_dtype(x, weight))
+    x = _nn.kernel_readable_rows(x.to(_compute_dtype(x, weight)))
     offsets = group_offsets(offsets, x.shape[0], x.device)  # int64 on x's device, checked without a sync
     if offsets.shape[0] != num_experts:
         raise ValueError(f"offsets has {offsets.shape[0]} group ends; the weight has {num_experts} experts")

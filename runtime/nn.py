@@ -68,6 +68,26 @@ def traced_or_captured(t: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+def kernel_readable_rows(t: torch.Tensor) -> torch.Tensor:
+    """t [rows, cols] itself where the quantize kernels can read it as it is (contiguous rows that do not overlap,
+    each starting 16-byte aligned), else a contiguous copy of it in new memory (differentiable, as any copy).
+
+    A layer takes whatever a model hands it, as torch.nn.Linear does: a transposed view, rows broadcast from one,
+    a view that starts part-way into a buffer. fp4gen.quantize refuses those layouts instead and says why; a slice
+    of a wider tensor whose rows start aligned is read in place by both."""
+    if torch.compiler.is_compiling():  # no addresses while tracing: the layout alone (a contiguous view that
+        return t.contiguous()          # starts off 16 bytes meets the kernels' own alignment error there)
+    rows, cols = t.shape
+    if t.is_contiguous():  # the common case first: one address to check (the layers' rows are 16-byte multiples)
+        row_bytes = cols * t.element_size()
+    elif (t.stride(1) == 1 or cols <= 1) and (rows <= 1 or t.stride(0) >= cols):
+        row_bytes = t.stride(0) * t.element_size()
+    else:
+        return t.contiguous()
+    aligned = (rows <= 1 or not row_bytes % 16) and not t.data_ptr() % 16
+    return t if aligned else t.clone(memory_format=torch.contiguous_format)  # new memory is aligned
+
+
 def e4m3_max_of(four_over_six) -> float:
     """The e4m3_max of an operand quantized with this four_over_six argument."""
     return 448.0 if four_over_six is None else 256.0
@@ -239,7 +259,7 @@ class _NVFP4LinearFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         x_col, w_col = saved[:3], saved[3:]
         recipe = ctx.recipe
-        dy = dy.contiguous()
+        dy = kernel_readable_rows(dy)
         dx = dw = db = None
         # db from the pass that quantizes dY (its amax pass sums the columns) where that pass has an amax pass of
         # its own: tensor-scaled gradients in eager mode; else summed on its own below
@@ -601,13 +621,14 @@ class Linear(torch.nn.Linear):
         pad = -tokens % BLOCK if need_wgrad else 0
         if pad:
             x2d = torch.nn.functional.pad(x2d, (0, 0, 0, pad))
+        flat, x2d = x2d, kernel_readable_rows(x2d)
         ops = torch_ops.for_caller()
         in_graph = traced_or_captured(x2d)
         qw_row, qw_col = self._quantized_weight(ops, weight, in_graph, grad)
         epilogue_bias = self._epilogue_bias(bias, GEMM_OUT[x2d.dtype], in_graph)
         # a step takes x itself where its rows are contiguous, and gives Y shaped [..., out_features]: no views
         # between x and Y, whose nodes autograd would walk back
-        step_x = x if x2d is x or (x.is_contiguous() and not pad) else x2d
+        step_x = x if x2d is x or (x2d is flat and x.is_contiguous() and not pad) else x2d
         if not grad:  # inference: no graph to record, nothing to save for backward
             y = self._forward_step(ops, x2d, step_x, qw_row, epilogue_bias)
             if y is None:  # the separate calls (_forward_step asked for the step already)

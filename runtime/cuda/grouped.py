@@ -7,13 +7,17 @@ import torch
 from ..formats import BLOCK, GroupedNVFP4Data
 from ..grouped import capacity, padded_offsets
 from ..options import QuantizeOptions
-from .ops import _capability, _kernel_for, _launch, _row_start_bits, gemm_alpha
+from .ops import _capability, _kernel_for, _launch, _row_start_bits, check_rows_readable, gemm_alpha
 
 _FOUR_OVER_SIX = {None: 0, "mae": 1, "mse": 2}
 
 
 def _empty(device, *shape, dtype=torch.uint8):
     return torch.empty(*shape, dtype=dtype, device=device)
+
+
+def _zeros(device, *shape, dtype=torch.uint8):
+    return torch.zeros(*shape, dtype=dtype, device=device)
 
 
 def _ptr(t):
@@ -25,9 +29,7 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
     """(rowwise, columnwise) GroupedNVFP4Data or None each (layouts: fp4gen.formats.GroupedNVFP4Data) from the
     quantize_grouped kernel: its amax pass, then the encode pass of the options."""
     tokens, cols = x.shape
-    if tokens > 0 and cols > 1 and x.stride(1) != 1:
-        raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
-                         f"elements (last stride 1); pass x.contiguous()")
+    check_rows_readable(x)
     device = x.device
     groups, stacked, row_scaled = offsets.shape[0], rows_per_group is not None, scaling == "row"
     kernel = _kernel_for("quantize_grouped", device, {"in_dtype": x.dtype}, cols,
@@ -44,11 +46,14 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
         padded, rows = padded_offsets(offsets), width
     e4m3_max = 448.0 if options.four_over_six is None else 256.0
     f32 = torch.float32
+    # no tokens: nothing to launch (the kernel refuses empty outputs); every group is empty, its amaxes 0 as the
+    # reference's, and the columnwise copy's columns, which no group owns, zeros
+    alloc = _empty if tokens else _zeros
     row = col = None
     row_args = col_args = (None, None, None)
     if rowwise:
-        amax = _empty(device, tokens if row_scaled else groups, dtype=f32)
-        data, scale = _empty(device, tokens, cols // 2), _empty(device, tokens, cols // BLOCK)
+        amax = alloc(device, tokens if row_scaled else groups, dtype=f32)
+        data, scale = alloc(device, tokens, cols // 2), alloc(device, tokens, cols // BLOCK)
         row_args = (amax, data, scale)
         if stacked:
             shape = (groups, rows_per_group)
@@ -59,9 +64,9 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
             row = GroupedNVFP4Data._made_by_fp4gen(data, scale.view(torch.float8_e4m3fn), amax, "rows", row_scaled,
                                                    offsets, None, e4m3_max)
     if columnwise:
-        amax = _empty(device, *((groups, cols) if row_scaled else (groups,)), dtype=f32)
+        amax = alloc(device, *((groups, cols) if row_scaled else (groups,)), dtype=f32)
         copy_rows = groups * cols if stacked else cols
-        data, scale = _empty(device, copy_rows, width // 2), _empty(device, copy_rows, width // BLOCK)
+        data, scale = alloc(device, copy_rows, width // 2), alloc(device, copy_rows, width // BLOCK)
         col_args = (amax, data, scale)
         if stacked:
             col = GroupedNVFP4Data._made_by_fp4gen(
@@ -70,6 +75,8 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
         else:
             col = GroupedNVFP4Data._made_by_fp4gen(data, scale.view(torch.float8_e4m3fn), amax, "columns", row_scaled,
                                                    offsets, padded, e4m3_max)
+    if not tokens:
+        return row, col
     stride = x.stride(0) if tokens > 1 else cols
     rng_state = options.rng.tensor if options.rounding == "stochastic" else None
     _launch(kernel, device, x.data_ptr(), stride, tokens, cols, offsets.data_ptr(), padded.data_ptr(), groups, rows,

@@ -63,6 +63,16 @@ def _kernel_for(op: str, device: torch.device, dtypes: dict, cols: int = 0, poin
     return kernel
 
 
+def check_rows_readable(x: torch.Tensor) -> None:
+    """The quantize kernels read x [rows, cols] row by row: each row's elements contiguous (last stride 1), rows
+    not overlapping (a row stride of at least cols; rows broadcast from one, stride 0, are refused)."""
+    rows, cols = x.shape
+    if rows > 0 and cols > 1 and x.stride(1) != 1 or rows > 1 and x.stride(0) < cols:
+        raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
+                         f"elements (last stride 1) that do not overlap (row stride at least {cols}); pass "
+                         f"x.contiguous()")
+
+
 def _row_start_bits(t: torch.Tensor) -> int:
     """The base address OR-ed with the row stride in bytes: alignment is a power of two, so this is
     aligned iff every row start is."""
@@ -169,11 +179,8 @@ def quantize(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, columnw
     column_sums (tensor scaling only): also x's column sums [K] (a gradient's bias gradient) in this dtype,
     torch.float32 or x's own (summed in fp32, rounded once), made by the amax pass that reads x anyway
     (amax.cuh); then returns (rowwise, columnwise, sums)."""
-    rows, cols = x.shape
     check_column_sums(column_sums, scaling, x.dtype)
-    if rows > 0 and cols > 1 and x.stride(1) != 1:
-        raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
-                         f"elements (last stride 1); pass x.contiguous()")
+    check_rows_readable(x)
     plan = quantize_plan(x, scaling, block, rowwise, columnwise, options, column_sums)
     buffers = plan.run(_launch, [x, _rng_state(options)], x.device)
     row, col, e4m3_max, sums = plan.result
@@ -765,6 +772,12 @@ def gemm(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, out, accumulate: bo
     (m, k), n = a.shape, b.shape[0]
     if m == 0 or n == 0:
         return out if out is not None else torch.empty(m, n, dtype=out_dtype, device=a.device)
+    if k == 0:  # an empty sum (a weight gradient over no tokens): the epilogue's other terms alone
+        if out is None:
+            out = torch.zeros(m, n, dtype=out_dtype, device=a.device)
+        elif not accumulate:
+            out.zero_()
+        return out.add_(bias) if bias is not None else out
     plan = _gemm_plan(a, b, out_dtype, True, accumulate)
     launches, inputs, d = _gemm_launch(plan, a, b, out_dtype, out, accumulate, bias)
     buffers = launches.run(_launch, inputs, a.device)

@@ -5,7 +5,7 @@ The other layer tests pick a few recipes; a recipe is a product of independent f
 selects its own quantize kernels (row pass or amax pass, transform, stochastic rounding, 4over6, 16x16 or 1x16
 weights, one copy or two). So here every combination runs a training step on both backends: the quantized
 operands are the same bytes on both, so Y, dX, dW and db may differ only by the GEMMs' summation order and the
-final rounding to the layer's dtype (one unit in the last place), which a wrong block, scale or copy exceeds.
+final rounding to the layer's dtype, which a wrong block, scale or copy exceeds.
 Token counts are off the 16-token block, and the grouped layer has an empty expert and experts of a few tokens.
 Linear runs three training steps and two forwards without autograd: from the second call of a kind on, a bf16 or
 fp32 layer's eager step runs as one launch plan through the C++ launcher instead of the separate calls.
@@ -55,9 +55,9 @@ def recipe_id(r):
 
 
 def assert_within_one_rounding(got, want, what):
-    """got (CUDA) equals want (reference) up to the GEMMs' summation order: a relative difference of at most two
-    units in the last place of a 16-bit float (2^-7), with an absolute floor for results that cancel to near
-    zero, set by the size of the tensor's entries."""
+    """got (CUDA) equals want (reference) up to the GEMMs' summation order and final rounding: a relative
+    difference of at most 2^-7 (one or two units in bf16's last place), with an absolute floor for results that
+    cancel to near zero, set by the size of the tensor's entries."""
     got, want = got.detach().double().cpu(), want.detach().double()
     assert got.shape == want.shape, what
     assert torch.isfinite(got).all(), f"{what}: non-finite values"
