@@ -7,6 +7,7 @@ weights, one copy or two). So here every combination runs a training step on bot
 operands are the same bytes on both, so Y, dX, dW and db may differ only by the GEMMs' summation order and the
 final rounding to the layer's dtype, which a wrong block, scale or copy exceeds.
 Token counts are off the 16-token block, and the grouped layer has an empty expert and experts of a few tokens.
+Each option also runs with gradients for the input alone (frozen weights) and for the weights alone.
 Linear runs three training steps and two forwards without autograd: from the second call of a kind on, a bf16 or
 fp32 layer's eager step runs as one launch plan through the C++ launcher instead of the separate calls.
 """
@@ -73,8 +74,8 @@ def restart_default_rng_states():
         fp4gen.RNGState.default(device).reset(0)
 
 
-def train_once(layer, x, dy, *extra):
-    x = x.clone().requires_grad_(True)
+def train_once(layer, x, dy, *extra, x_grad=True):
+    x = x.clone().requires_grad_(x_grad)
     layer.weight.grad = layer.bias.grad = None
     y = layer(x, *extra)
     y.backward(dy)
@@ -93,7 +94,18 @@ def count_launcher_steps(monkeypatch) -> dict:
     return counts
 
 
-def check_linear(monkeypatch, recipe, dtype=torch.bfloat16, keep=True):
+GRADS = {"both": (True, True), "input only": (True, False), "weights only": (False, True)}  # (dX, dW and db)
+
+
+def compare_step(got, want, what):
+    for name, g, w in zip(("Y", "dX", "dW", "db"), got, want):
+        if w is None:
+            assert g is None, f"{what} {name}: a gradient nobody asked for"
+        else:
+            assert_within_one_rounding(g, w, f"{what} {name}")
+
+
+def check_linear(monkeypatch, recipe, dtype=torch.bfloat16, keep=True, grads="both"):
     from fp4gen.cuda import launcher
     launched = count_launcher_steps(monkeypatch)
     torch.manual_seed(0)
@@ -101,14 +113,16 @@ def check_linear(monkeypatch, recipe, dtype=torch.bfloat16, keep=True):
     gpu = fp4gen.nn.Linear(IN, OUT, device="cuda", **kw)
     cpu = fp4gen.nn.Linear(IN, OUT, **kw)
     cpu.load_state_dict({k: v.cpu() for k, v in gpu.state_dict().items()})
+    x_grad, w_grad = GRADS[grads]
+    for layer in (gpu, cpu):
+        layer.requires_grad_(w_grad)
     x = torch.randn(*TOKENS, IN, dtype=dtype)
     dy = torch.randn(*TOKENS, OUT, dtype=dtype)
     restart_default_rng_states()
     for step in range(3):
-        got = train_once(gpu, x.cuda(), dy.cuda())
-        want = train_once(cpu, x, dy)
-        for name, g, w in zip(("Y", "dX", "dW", "db"), got, want):
-            assert_within_one_rounding(g, w, f"Linear step {step} {name}")
+        got = train_once(gpu, x.cuda(), dy.cuda(), x_grad=x_grad)
+        want = train_once(cpu, x, dy, x_grad=x_grad)
+        compare_step(got, want, f"Linear step {step}")
     with torch.no_grad():
         for call in range(2):
             assert_within_one_rounding(gpu(x.cuda()), cpu(x), f"Linear forward without autograd, call {call}")
@@ -116,21 +130,24 @@ def check_linear(monkeypatch, recipe, dtype=torch.bfloat16, keep=True):
         assert launched["training"] >= 1 and launched["forward"] >= 1, launched
 
 
-def check_grouped_linear(recipe, dtype=torch.bfloat16, keep=True):
+def check_grouped_linear(recipe, dtype=torch.bfloat16, keep=True, grads="both"):
     torch.manual_seed(0)
     kw = dict(bias=True, recipe=recipe, dtype=dtype, keep_quantized_weight=keep)
     gpu = fp4gen.nn.GroupedLinear(len(EXPERT_SIZES), IN, OUT, device="cuda", **kw)
     cpu = fp4gen.nn.GroupedLinear(len(EXPERT_SIZES), IN, OUT, **kw)
     cpu.load_state_dict({k: v.cpu() for k, v in gpu.state_dict().items()})
+    x_grad, w_grad = GRADS[grads]
+    for layer in (gpu, cpu):
+        layer.requires_grad_(w_grad)
     ends = group_ends(EXPERT_SIZES)
     x = torch.randn(ends[-1], IN, dtype=dtype)
     dy = torch.randn(ends[-1], OUT, dtype=dtype)
     restart_default_rng_states()
-    got = train_once(gpu, x.cuda(), dy.cuda(), torch.tensor(ends, device="cuda"))
-    want = train_once(cpu, x, dy, ends)
-    for name, g, w in zip(("Y", "dX", "dW", "db"), got, want):
-        assert_within_one_rounding(g, w, f"GroupedLinear {name}")
-    assert not got[2][0].any() and not got[3][0].any(), "the empty expert's gradients are not zero"
+    got = train_once(gpu, x.cuda(), dy.cuda(), torch.tensor(ends, device="cuda"), x_grad=x_grad)
+    want = train_once(cpu, x, dy, ends, x_grad=x_grad)
+    compare_step(got, want, "GroupedLinear")
+    if w_grad:
+        assert not got[2][0].any() and not got[3][0].any(), "the empty expert's gradients are not zero"
 
 
 @pytest.mark.parametrize("recipe", every_recipe(), ids=recipe_id)
@@ -157,3 +174,14 @@ def test_each_option_in_each_dtype_with_the_weight_kept_or_not(monkeypatch, laye
         check_linear(monkeypatch, recipe, dtype, keep)
     else:
         check_grouped_linear(recipe, dtype, keep)
+
+
+@pytest.mark.parametrize("grads", ["input only", "weights only"])
+@pytest.mark.parametrize("recipe", one_option_each(), ids=recipe_id)
+@pytest.mark.parametrize("layer", ["Linear", "GroupedLinear"])
+def test_each_option_with_gradients_for_the_input_or_the_weights_alone(monkeypatch, layer, recipe, grads):
+    # frozen weights (LoRA's base layers): dgrad alone; an input without gradient (a first layer): wgrad alone
+    if layer == "Linear":
+        check_linear(monkeypatch, recipe, grads=grads)
+    else:
+        check_grouped_linear(recipe, grads=grads)
