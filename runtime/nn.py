@@ -621,13 +621,13 @@ class Linear(torch.nn.Linear):
         pad = -tokens % BLOCK if need_wgrad else 0
         if pad:
             x2d = torch.nn.functional.pad(x2d, (0, 0, 0, pad))
-        flat, x2d = x2d, kernel_readable_rows(x2d)
+        flat, x2d = x2d, kernel_readable_rows(x2d)  # a copy where the kernels cannot read x's layout
         ops = torch_ops.for_caller()
         in_graph = traced_or_captured(x2d)
         qw_row, qw_col = self._quantized_weight(ops, weight, in_graph, grad)
         epilogue_bias = self._epilogue_bias(bias, GEMM_OUT[x2d.dtype], in_graph)
-        # a step takes x itself where its rows are contiguous, and gives Y shaped [..., out_features]: no views
-        # between x and Y, whose nodes autograd would walk back
+        # a step takes x itself where its rows are contiguous (and read in place), and gives Y shaped
+        # [..., out_features]: no views between x and Y, whose nodes autograd would walk back
         step_x = x if x2d is x or (x2d is flat and x.is_contiguous() and not pad) else x2d
         if not grad:  # inference: no graph to record, nothing to save for backward
             y = self._forward_step(ops, x2d, step_x, qw_row, epilogue_bias)
