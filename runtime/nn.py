@@ -113,8 +113,9 @@ def _drop_weight_caches(optimizer, args, kwargs):
     stale anyway (the count of steps is part of every other key), and dropped here their memory (about a byte a
     weight parameter: both copies) is free for the optimizer's own peak instead of held until each layer's next
     forward."""
+    # frozen caches are kept on purpose (a reference model beside an FSDP2 policy): no warning for them
     if (not _SHARDED_WARNING_GIVEN and _steps_sharded_parameters(optimizer)
-            and any(holder.holds_weight_copy() for holder in list(_CACHE_HOLDERS))):
+            and any(holder.holds_weight_copy() and not holder.frozen_weight_cache for holder in list(_CACHE_HOLDERS))):
         _warn_kept_copies_of_sharded_weights()
     frozen = []
     for holder in list(_CACHE_HOLDERS):

@@ -75,9 +75,10 @@ def test_under_fsdp2_layers_that_keep_no_quantized_weight_save_no_unsharded_copy
         assert unkept[rank]["losses"] == kept[rank]["losses"]  # the same bytes computed
 
 
-def _one_rank_fsdp2_steps(tmp_path, keep: bool, steps: int = 2, shard: bool = True) -> list:
+def _one_rank_fsdp2_steps(tmp_path, keep: bool, steps: int = 2, shard: bool = True, reference: bool = False) -> list:
     """The fp4gen warnings that `steps` Adam steps of an FSDP2-sharded fp4gen.nn.Linear (one gloo rank, in this
-    process; shard=False: the same layer unsharded) give."""
+    process; shard=False: the same layer unsharded) give; reference=True: with an unsharded reference layer beside
+    it (frozen caches, as an RL reference model), run without autograd before each step."""
     import warnings
 
     import torch
@@ -91,10 +92,16 @@ def _one_rank_fsdp2_steps(tmp_path, keep: bool, steps: int = 2, shard: bool = Tr
         if shard:
             fully_shard(layer)
         opt = torch.optim.Adam(layer.parameters(), lr=1e-3)
+        ref = fp4gen.nn.Linear(64, 32).requires_grad_(False)
+        fp4gen.nn.frozen_weight_caches(ref)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(steps):
-                layer(torch.randn(16, 64)).square().mean().backward()
+                x = torch.randn(16, 64)
+                if reference:
+                    with torch.no_grad():
+                        ref(x)
+                layer(x).square().mean().backward()
                 opt.step()
                 opt.zero_grad()
     finally:
@@ -113,3 +120,5 @@ def test_kept_copies_of_fsdp2_sharded_weights_are_warned_about_once(tmp_path, mo
     assert _one_rank_fsdp2_steps(tmp_path / "unkept", keep=False) == []  # its bias's fp32 copy is no weight copy
     (tmp_path / "unsharded").mkdir()
     assert _one_rank_fsdp2_steps(tmp_path / "unsharded", keep=True, shard=False) == []
+    (tmp_path / "reference").mkdir()  # a frozen reference model's kept caches are meant to stay
+    assert _one_rank_fsdp2_steps(tmp_path / "reference", keep=False, reference=True) == []
