@@ -8,7 +8,6 @@ from torch._dynamo.utils import counters
 
 import fp4gen
 from conftest import group_ends
-from test_layer_reuse import assert_same_bias_gradient
 
 IN, OUT = 64, 128
 TOKEN_COUNTS = (32, 48, 80, 17, 100, 0)
@@ -35,9 +34,8 @@ def check_compiled_steps_over_token_counts(grouped, device, backend):
             y = run(xg, *extra)
             y.backward(dy)
             results.append((y, xg.grad, layer.weight.grad, layer.bias.grad))
-        for got, want in zip(results[1][:3], results[0][:3]):
+        for got, want in zip(results[1], results[0]):
             assert torch.equal(got, want), tokens
-        assert_same_bias_gradient(results[1][3], results[0][3], grouped)
     # fewer graphs than counts: the token dimension was traced symbolically, not one graph a count
     assert counters["stats"]["unique_graphs"] < len(TOKEN_COUNTS)
 
