@@ -24,7 +24,7 @@ from .grouped import group_offsets
 from .lasting import made_to_last
 from .recipe import Recipe
 from .rng import default_state_tensor
-from .weight_caches import STATIC_HOLDERS, cache_holds, graph_payload, has_gradient, kept_entry, made_static
+from .weight_caches import STATIC_HOLDERS, current_entry, graph_payload, has_gradient, kept_entry, made_static
 
 
 # The grouped GEMMs contract over in_features (fprop, wgrad's other operand) and out_features (dgrad) 64 at a time.
@@ -195,12 +195,13 @@ class StackedWeightCache:
                 return stacked_copies(ops, weight.detach(), self.transposed, recipe)
             return graph_payload(self.entry, lambda: _nn.cache_key(weight, recipe, self._frozen), weight,
                                  "fp4gen.nn.GroupedLinear")
-        entry = self.entry  # read once: an optimizer step's hook may clear it meanwhile
-        if not cache_holds(entry, _nn.cache_key(weight, recipe, self._frozen), weight):
-            entry = self.entry = self._entry(ops, entry, weight, recipe, grad)
-        elif entry[2] is None and grad:
-            columnwise = made_to_last(stacked_copies, ops, weight.detach(), self.transposed, recipe, rowwise=False)[1]
-            entry = self.entry = (entry[0], entry[1], columnwise, entry[-1])
+        old = self.entry  # read once: an optimizer step's hook may clear it meanwhile
+        entry = current_entry(
+            old, _nn.cache_key(weight, recipe, self._frozen), weight, grad,
+            lambda: self._entry(ops, old, weight, recipe, grad),
+            lambda: made_to_last(stacked_copies, ops, weight.detach(), self.transposed, recipe, rowwise=False)[1])
+        if entry is not old:
+            self.entry = entry
         return entry[1], entry[2]
 
     def refresh_weight_cache(self) -> None:

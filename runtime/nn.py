@@ -39,9 +39,10 @@ from .formats import BLOCK
 from .lasting import made_to_last
 from .options import column_sums_dtype
 from .recipe import Recipe
+from .row_layout import readable_copy
 from .rng import default_state_tensor
-from .weight_caches import (STATIC_HOLDERS, cache_holds, graph_payload, has_gradient, kept_entry, made_static,
-                            refresh_static_holders)
+from .weight_caches import (STATIC_HOLDERS, cache_holds, current_entry, graph_payload, has_gradient, kept_entry,
+                            made_static, refresh_static_holders)
 
 GEMM_OUT = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
 PARAM_DTYPES = INPUT_DTYPES  # the parameters are quantized as they are
@@ -69,23 +70,15 @@ def traced_or_captured(t: torch.Tensor) -> bool:
 
 
 def kernel_readable_rows(t: torch.Tensor) -> torch.Tensor:
-    """t [rows, cols] itself where the quantize kernels can read it as it is (contiguous rows that do not overlap,
-    each starting 16-byte aligned), else a contiguous copy of it in new memory (differentiable, as any copy).
+    """t [rows, cols] itself where the quantize kernels can read it as it lies, else a contiguous copy of it in new
+    memory (row_layout.readable_copy).
 
     A layer takes whatever a model hands it, as torch.nn.Linear does: a transposed view, rows broadcast from one,
     a view that starts part-way into a buffer. fp4gen.quantize refuses those layouts instead and says why; a slice
     of a wider tensor whose rows start aligned is read in place by both."""
     if torch.compiler.is_compiling():  # no addresses while tracing: the layout alone (a contiguous view that
         return t.contiguous()          # starts off 16 bytes meets the kernels' own alignment error there)
-    rows, cols = t.shape
-    if t.is_contiguous():  # the common case first: one address to check (the layers' rows are 16-byte multiples)
-        row_bytes = cols * t.element_size()
-    elif (t.stride(1) == 1 or cols <= 1) and (rows <= 1 or t.stride(0) >= cols):
-        row_bytes = t.stride(0) * t.element_size()
-    else:
-        return t.contiguous()
-    aligned = (rows <= 1 or not row_bytes % 16) and not t.data_ptr() % 16
-    return t if aligned else t.clone(memory_format=torch.contiguous_format)  # new memory is aligned
+    return readable_copy(t)
 
 
 def e4m3_max_of(four_over_six) -> float:
@@ -541,12 +534,12 @@ class Linear(torch.nn.Linear):
                 return q[:3], q[3:]
             return graph_payload(self._weight_cache, lambda: self._cache_key(weight, self.recipe), weight,
                                  "fp4gen.nn.Linear")
-        entry = self._weight_cache  # read once: an optimizer step's hook may clear the attribute meanwhile
-        if not cache_holds(entry, self._cache_key(weight, self.recipe), weight):
-            entry = self._weight_cache = self._weight_entry(ops, entry, weight, grad)
-        elif entry[2] is None and grad:
-            columnwise = made_to_last(quantize_weight, ops, weight.detach(), self.recipe, rowwise=False)[3:]
-            entry = self._weight_cache = (entry[0], entry[1], columnwise, entry[-1])
+        old = self._weight_cache  # read once: an optimizer step's hook may clear the attribute meanwhile
+        entry = current_entry(
+            old, self._cache_key(weight, self.recipe), weight, grad, lambda: self._weight_entry(ops, old, weight, grad),
+            lambda: made_to_last(quantize_weight, ops, weight.detach(), self.recipe, rowwise=False)[3:])
+        if entry is not old:
+            self._weight_cache = entry
         return entry[1], entry[2]
 
     def _weight_entry(self, ops, old, weight: torch.Tensor, grad: bool = True) -> tuple:

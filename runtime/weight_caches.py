@@ -43,6 +43,17 @@ def cache_holds(entry, key: tuple, t: torch.Tensor) -> bool:
     return entry is not None and entry[0] == key and entry[-1]() is cache_anchor(t)
 
 
+def current_entry(entry, key: tuple, weight: torch.Tensor, grad: bool, make_entry, make_columnwise) -> tuple:
+    """The cache entry a forward uses: `entry` where it was made from weight as weight is now (cache_holds), with
+    the columnwise copy, make_columnwise(), added where the entry holds the rowwise copy alone (a frozen cache's,
+    made without autograd) and this forward records autograd (grad); else the new entry make_entry()."""
+    if not cache_holds(entry, key, weight):
+        return make_entry()
+    if entry[2] is None and grad:
+        return (entry[0], entry[1], make_columnwise(), entry[-1])
+    return entry
+
+
 def _tensors(payload) -> list:
     """The tensors of a payload (tensors and tuples of them), in order."""
     out = []

@@ -7,7 +7,8 @@ import torch
 from ..formats import BLOCK, GroupedNVFP4Data
 from ..grouped import capacity, padded_offsets
 from ..options import QuantizeOptions
-from .ops import _capability, _kernel_for, _launch, _row_start_bits, check_rows_readable, gemm_alpha
+from ..row_layout import row_start_bits
+from .ops import _capability, _kernel_for, _launch, check_rows_readable, gemm_alpha
 
 _FOUR_OVER_SIX = {None: 0, "mae": 1, "mse": 2}
 
@@ -33,7 +34,7 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
     device = x.device
     groups, stacked, row_scaled = offsets.shape[0], rows_per_group is not None, scaling == "row"
     kernel = _kernel_for("quantize_grouped", device, {"in_dtype": x.dtype}, cols,
-                         {"x": _row_start_bits(x)} if x.numel() else {})
+                         {"x": row_start_bits(x)} if x.numel() else {})
     width = rows_per_group if stacked else capacity(tokens, groups)
     # The padded row space the kernel tiles, and the groups' ends in it: stacked groups start every N rows
     # rounded up to 16 (N itself whenever there is a columnwise copy), token groups as the columnwise copy

@@ -11,6 +11,7 @@ import torch
 
 from ..formats import NVFP4Data
 from ..options import DEFAULT_OPTIONS, QuantizeOptions, check_column_sums
+from ..row_layout import row_start_bits, rows_readable
 from ..swizzle import swizzle_scales
 from .launch_plan import INPUT, RNG, LaunchPlan, Slot, raw_stream, remember
 from .library import load_kernel
@@ -64,19 +65,11 @@ def _kernel_for(op: str, device: torch.device, dtypes: dict, cols: int = 0, poin
 
 
 def check_rows_readable(x: torch.Tensor) -> None:
-    """The quantize kernels read x [rows, cols] row by row: each row's elements contiguous (last stride 1), rows
-    not overlapping (a row stride of at least cols; rows broadcast from one, stride 0, are refused)."""
-    rows, cols = x.shape
-    if rows > 0 and cols > 1 and x.stride(1) != 1 or rows > 1 and x.stride(0) < cols:
+    """Refuses an x [rows, cols] that the quantize kernels cannot read row by row (row_layout.rows_readable)."""
+    if not rows_readable(x):
         raise ValueError(f"x has strides {tuple(x.stride())}: the CUDA quantize kernels read rows of contiguous "
-                         f"elements (last stride 1) that do not overlap (row stride at least {cols}); pass "
+                         f"elements (last stride 1) that do not overlap (row stride at least {x.shape[1]}); pass "
                          f"x.contiguous()")
-
-
-def _row_start_bits(t: torch.Tensor) -> int:
-    """The base address OR-ed with the row stride in bytes: alignment is a power of two, so this is
-    aligned iff every row start is."""
-    return t.data_ptr() | (t.stride(0) * t.element_size() if t.shape[0] > 1 else 0)
 
 
 # The current device, straight from PyTorch's C++ state (a CPU-only build of PyTorch has none; nothing launches
@@ -101,7 +94,7 @@ def dequantize(operand: NVFP4Data, dtype: torch.dtype) -> torch.Tensor:
     data, scale = operand.data, operand.scale.view(torch.uint8)
     amax = operand.amax.contiguous()
     kernel = _kernel_for("dequantize", device, {"out_dtype": dtype}, cols,
-                         {"data": _row_start_bits(data), "out": _row_start_bits(out)})
+                         {"data": row_start_bits(data), "out": row_start_bits(out)})
     _launch(kernel, device, data.data_ptr(), scale.data_ptr(), amax.data_ptr(), out.data_ptr(), rows, cols,
             data.stride(0), scale.stride(0), 1 if operand.row_scaled else 0, out.stride(0),
             1.0 / (6.0 * operand.e4m3_max))  # ctypes rounds the double quotient: fl(1/(6 e4m3_max))
@@ -244,7 +237,7 @@ def _plan_plain(x: torch.Tensor, scaling: str, block: tuple, rowwise: bool, colu
     rows, cols = x.shape
     device, row_scaled = x.device, scaling == "row"
     row_pass = uses_row_pass(x, scaling, block, rowwise, columnwise)
-    pointers = {"x": _row_start_bits(x)} if x.numel() else {}  # an empty x is never read
+    pointers = {"x": row_start_bits(x)} if x.numel() else {}  # an empty x is never read
     in_dtype = {"in_dtype": x.dtype}
     rounding = {"rounding": options.rounding}
     if row_pass:
@@ -331,7 +324,7 @@ def _plan_with_options(x: torch.Tensor, scaling: str, block: tuple, rowwise: boo
     reads the state's seed and offset on the device; fp4gen.quantize advances the offset afterwards."""
     rows, cols = x.shape
     device, row_scaled = x.device, scaling == "row"
-    pointers = {"x": _row_start_bits(x)} if x.numel() else {}
+    pointers = {"x": row_start_bits(x)} if x.numel() else {}
     in_dtype = {"in_dtype": x.dtype}
     values = {"rounding": options.rounding, "hadamard": "rht16" if options.hadamard else "none",
               "four_over_six": "none" if options.four_over_six is None else "adaptive"}
@@ -378,7 +371,7 @@ def _plan_hadamard(x: torch.Tensor, scaling: str, rowwise: bool, options: Quanti
     rowwise-only kernel."""
     rows, cols = x.shape
     device, row_scaled = x.device, scaling == "row"
-    pointers = {"x": _row_start_bits(x)} if x.numel() else {}
+    pointers = {"x": row_start_bits(x)} if x.numel() else {}
     in_dtype = {"in_dtype": x.dtype}
     row_pass_kernel = None
     row_pass_values = {"hadamard": "rht16", "rounding": options.rounding}
@@ -595,8 +588,8 @@ def _choose_gemm_kernel(a: NVFP4Data, b: NVFP4Data, out_dtype: torch.dtype, meas
                         accumulate: bool) -> tuple:
     """(the kernel gemm_kernel describes, whether the choice is final)."""
     (m, k), n = a.shape, b.shape[0]
-    pointers = {"a_codes": _row_start_bits(a.data), "a_scale": _row_start_bits(a.scale),
-                "b_codes": _row_start_bits(b.data), "b_scale": _row_start_bits(b.scale)}
+    pointers = {"a_codes": row_start_bits(a.data), "a_scale": row_start_bits(a.scale),
+                "b_codes": row_start_bits(b.data), "b_scale": row_start_bits(b.scale)}
     bucket = autotune.m_bucket(m)
     rule = _kernel_for("gemm", a.device, {"out_dtype": out_dtype}, k, pointers, rows=m, n=n)
     if forced_kernels() or not autotune.enabled():
@@ -680,7 +673,7 @@ def _gemm_launch(plan: _GemmPlan, a: NVFP4Data, b: NVFP4Data, out_dtype: torch.d
     The operands go in as the kernel family needs them: packed codes and scales for the Hopper GEMMs (which
     read them or copy them into scratch in their workspace), packed codes with swizzled scales for the Blackwell
     one. The inputs list keeps every tensor it points to referenced until the launch is queued."""
-    (m, k), n = a.shape, b.shape[0]
+    m, n = a.shape[0], b.shape[0]
     if plan.n_run is None:
         plan.prepare(a, b, out_dtype)
     n_run = plan.n_run
