@@ -299,3 +299,34 @@ def test_nan_element(mode):
     assert torch.isnan(fos.block_error(x, q4, sf4, nan, mode)).all()
     sdec, codes = run(x, nan, mode)
     assert as_bytes(sdec) == as_bytes(sf6) and torch.equal(codes, q6)
+
+
+def e4m3_value(byte: int) -> float:
+    """The value of a positive E4M3 byte (0x00 .. 0x7E; 0x7F is NaN)."""
+    exponent, mantissa = byte >> 3, byte & 7
+    return mantissa / 8 * 2.0 ** -6 if exponent == 0 else (1 + mantissa / 8) * 2.0 ** (exponent - 7)
+
+
+def test_two_divisions_give_the_eight_error_values_where_the_kernels_take_them():
+    """The CUDA kernels' error values v_m = fl(fl(fl(e2m1_m * scale) * amax) / 1536) come from two divisions,
+    v_m = 2^j * fl(p / 1536) with p = fl(scale * amax) or fl(fl(1.5 * scale) * amax), wherever
+    fl(scale * amax) >= 2^-114 and fl(1.5 * scale * amax) <= 2^125 (four_over_six.cuh); elsewhere they divide
+    eight times. Checked here in fp32 for every finite E4M3 scale against amaxes across the whole float range."""
+    f = np.float32
+    magnitudes = np.array(GRID, dtype=f)
+    scales = np.array([e4m3_value(byte) for byte in range(0x7F)], dtype=f)
+    rng = np.random.default_rng(0)
+    amaxes = np.concatenate([rng.integers(0, 0x7F800000, size=20000, dtype=np.uint32).view(f),
+                             np.array([2.0 ** k for k in range(-149, 128)], dtype=f)])
+    in_range = 0
+    with np.errstate(all="ignore"):
+        for scale in scales:
+            eight = (magnitudes[:, None] * scale).astype(f) * amaxes[None, :] / f(1536)
+            unit, unit_and_half = scale * amaxes, (scale * f(1.5)) * amaxes
+            taken = (unit >= f(2.0 ** -114)) & (unit_and_half <= f(2.0 ** 125))
+            v1, v15 = unit / f(1536), unit_and_half / f(1536)
+            two = np.stack([np.zeros_like(v1), v1 * f(0.5), v1, v15, v1 * f(2), v15 * f(2), v1 * f(4), v15 * f(4)])
+            assert two.dtype == eight.dtype == np.float32
+            assert np.array_equal(two[:, taken], eight[:, taken])
+            in_range += int(taken.sum())
+    assert in_range > len(scales) * len(amaxes) // 2  # most pairs take the two divisions

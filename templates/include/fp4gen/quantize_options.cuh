@@ -51,24 +51,36 @@ __device__ __forceinline__ float block_amax16(const float (&v)[16]) {
   return m;
 }
 
+// Adds 16 values as a tree into v[0]: v[i] + v[i + 8], then + 4, + 2, + 1 (the order the 16x16 tile error takes).
+__device__ __forceinline__ void tree_sum16(float (&v)[16]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(v[i], v[i + 8]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = __fadd_rn(v[i], v[i + 4]);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) v[i] = __fadd_rn(v[i], v[i + 2]);
+  v[0] = __fadd_rn(v[0], v[1]);
+}
+
 struct EncodedBlock {
   uint64_t codes;  // element k in nibble k
   uint32_t scale_byte;
 };
 
 // One 1x16 block of values v under second-level amax `amax`: standard scale with round-to-nearest or
-// stochastic rounding (block `block` of a copy drawn at `offset`), or 4over6.
+// stochastic rounding (block `block` of a copy drawn at `offset`), or 4over6 (`magnitudes`: the thread's column of
+// the CTA's table for four_over_six_row_error).
 template <bool kStochastic, bool kFourOverSix, bool kHardwareCvt>
 __device__ __forceinline__ EncodedBlock encode_block16(const float (&v)[16], float amax, bool mse, uint64_t seed,
-                                                       uint64_t offset, uint64_t block) {
+                                                       uint64_t offset, uint64_t block, float* magnitudes) {
   const float bamax = block_amax16(v);
   if constexpr (kFourOverSix) {
     ScaleCandidate map4, map6;
     four_over_six_candidates(bamax, amax, map4, map6);
     const uint64_t q4 = encode16_nearest<kHardwareCvt>(v, map4.inverse);
     const uint64_t q6 = encode16_nearest<kHardwareCvt>(v, map6.inverse);
-    const bool pick4 = four_over_six_row_error<true>(v, q4, map4.scale, amax, mse) <
-                       four_over_six_row_error<true>(v, q6, map6.scale, amax, mse);
+    const bool pick4 = four_over_six_row_error<true, kOptThreads>(v, q4, map4.scale, amax, mse, magnitudes) <
+                       four_over_six_row_error<true, kOptThreads>(v, q6, map6.scale, amax, mse, magnitudes);
     return pick4 ? EncodedBlock{q4, map4.scale_byte} : EncodedBlock{q6, map6.scale_byte};
   } else {
     const BlockEncoding enc = encode_block_scale<false>(bamax, global_scale(amax));
@@ -121,6 +133,11 @@ struct DenseTileLayout {
 template <bool kStochastic, bool kHadamard, bool kFourOverSix, bool kHardwareCvt, class Layout>
 __device__ __forceinline__ void encode_options_tile(OptionsTile& s, const Layout& layout, uint64_t seed,
                                                     uint64_t offset, bool block_2d, bool mse) {
+  [[maybe_unused]] float* magnitudes = nullptr;  // 4over6: the thread's column of the table of error values
+  if constexpr (kFourOverSix) {
+    __shared__ float magnitude_table[8][kOptThreads];
+    magnitudes = &magnitude_table[0][threadIdx.x];
+  }
   // rowwise: block jb of tile row r (with 16x16 blocks: a row of 16x16 tile jb)
   const int r = threadIdx.x / 4, jb = threadIdx.x % 4;
   const int64_t row_block = layout.row_block(r, jb);
@@ -141,17 +158,14 @@ __device__ __forceinline__ void encode_options_tile(OptionsTile& s, const Layout
       four_over_six_candidates(tile_amax, amax, map4, map6);
       const uint64_t q4 = encode16_nearest<kHardwareCvt>(v, map4.inverse);
       const uint64_t q6 = encode16_nearest<kHardwareCvt>(v, map6.inverse);
-      s.row_errors[0][r][jb] = four_over_six_row_error<false>(v, q4, map4.scale, amax, mse);
-      s.row_errors[1][r][jb] = four_over_six_row_error<false>(v, q6, map6.scale, amax, mse);
+      s.row_errors[0][r][jb] = four_over_six_row_error<true, kOptThreads>(v, q4, map4.scale, amax, mse, magnitudes);
+      s.row_errors[1][r][jb] = four_over_six_row_error<true, kOptThreads>(v, q6, map6.scale, amax, mse, magnitudes);
       __syncthreads();
-      float e4[16], e6[16];  // the tile's 16 row errors, added as a tree: rows i and i + 8, then + 4, + 2, + 1
+      float e4[16], e6[16];  // the tile's 16 row errors, added as a tree (tree_sum16)
 #pragma unroll
       for (int i = 0; i < 16; ++i) e4[i] = s.row_errors[0][r / 16 * 16 + i][jb], e6[i] = s.row_errors[1][r / 16 * 16 + i][jb];
-#pragma unroll
-      for (int half = 8; half > 0; half /= 2) {
-#pragma unroll
-        for (int i = 0; i < half; ++i) e4[i] = __fadd_rn(e4[i], e4[i + half]), e6[i] = __fadd_rn(e6[i], e6[i + half]);
-      }
+      tree_sum16(e4);  // (levels spelled out: a loop halving its bound was left rolled, e4 and e6 in local memory)
+      tree_sum16(e6);
       const bool pick4 = e4[0] < e6[0];
       codes = pick4 ? q4 : q6;
       scale_byte = pick4 ? map4.scale_byte : map6.scale_byte;
@@ -171,7 +185,8 @@ __device__ __forceinline__ void encode_options_tile(OptionsTile& s, const Layout
     __syncthreads();
   } else if (layout.row_data != nullptr && row_block >= 0) {
     const EncodedBlock enc =
-        encode_block16<kStochastic, kFourOverSix, kHardwareCvt>(v, layout.row_amax(r), mse, seed, offset, row_block);
+        encode_block16<kStochastic, kFourOverSix, kHardwareCvt>(v, layout.row_amax(r), mse, seed, offset, row_block,
+                                                                magnitudes);
     store_codes16(layout.row_data + 8 * row_block, enc.codes);
     layout.row_scale[row_block] = static_cast<uint8_t>(enc.scale_byte);
   }
@@ -196,7 +211,7 @@ __device__ __forceinline__ void encode_options_tile(OptionsTile& s, const Layout
   if constexpr (kHadamard) hadamard16_to_bf16(v);
   // the columnwise copy draws at offset + 1, so the two copies of one call never share bits
   const EncodedBlock enc = encode_block16<kStochastic, kFourOverSix, kHardwareCvt>(v, layout.col_amax(c, g), mse, seed,
-                                                                                  offset + 1, col_block);
+                                                                                  offset + 1, col_block, magnitudes);
   store_codes16(data_dst, enc.codes);
   *scale_dst = static_cast<uint8_t>(enc.scale_byte);
 }
