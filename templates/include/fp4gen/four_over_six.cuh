@@ -58,51 +58,44 @@ __device__ __forceinline__ float divide_by_four_over_six_numerator(float p) {
 
 // The error of 16 elements x (one block row) encoded as `codes` (element k in nibble k) with scale `scale`:
 // v = fl(fl(fl(e2m1 * scale) * amax) / 1536), summed left to right from 0 as |v - x| (MAE) or (v - x)^2
-// (MSE). kByMagnitude: v depends on the code alone, and a negative code's v is the positive one's negated
-// (every step rounds symmetrically), so the eight magnitudes' v are computed once and each element looks its
-// up, in `column`: this thread's entries of a shared-memory table, entry m at column[m * kStride]. With the
-// threads' entries of one m side by side (kStride = the CTA's threads), each lane of a lookup reads its own
-// bank, one shared-memory wavefront a lookup; an array in registers indexed by the code lives in local memory
-// instead, where the lanes' different entries fall in up to eight 128-byte lines a load. On an H100 (8192 x
-// 8192 bf16, both copies, bench/RESULTS.md, 2026-12-06) the shared table with the two-division values below
-// (and, for 16x16 tiles, their errors' tree sum kept out of local memory) took row-scaled 1x16 4over6 from 416
-// to 361 us and 16x16 tiles from 491 to 309 us.
-template <bool kByMagnitude, int kStride = 1>
+// (MSE). v depends on the code alone, and a negative code's v is the positive one's negated (every step
+// rounds symmetrically), so the eight magnitudes' v are computed once and each element looks its up, in
+// `column`: this thread's entries of a shared-memory table, entry m at column[m * kStride]. With the threads'
+// entries of one m side by side (kStride = the CTA's threads), each lane of a lookup reads its own bank, one
+// shared-memory wavefront a lookup; an array in registers indexed by the code lives in local memory instead,
+// where the lanes' different entries fall in up to eight 128-byte lines a load. On an H100 (8192 x 8192 bf16,
+// both copies, bench/RESULTS.md, 2026-12-06) the shared table with the two-division values below (and, for
+// 16x16 tiles, which computed every element's v before, their errors' tree sum kept out of local memory) took
+// row-scaled 1x16 4over6 from 416 to 361 us and 16x16 tiles from 491 to 309 us.
+template <int kStride>
 __device__ __forceinline__ float four_over_six_row_error(const float (&x)[16], uint64_t codes, float scale,
-                                                         float amax, bool mse, float* column = nullptr) {
-  if constexpr (kByMagnitude) {
-    // Each magnitude is 2^j or 1.5 * 2^j (j = -1 .. 2), and its product with the scale is exact, so where
-    // fl(scale * amax) and fl(1.5 * scale * amax) keep every v normal and finite their v are those two
-    // products' quotients times 2^j (scaling by a power of two commutes with each rounding there): two
-    // divisions instead of eight. Elsewhere (tiny, huge, Inf, NaN) each v is computed as written.
-    const float unit = __fmul_rn(scale, amax), unit_and_half = __fmul_rn(__fmul_rn(scale, 1.5f), amax);
-    if (unit >= 0x1p-114f && unit_and_half <= 0x1p125f) {
-      const float v1 = divide_by_four_over_six_numerator(unit);
-      const float v15 = divide_by_four_over_six_numerator(unit_and_half);
-      column[0] = 0.0f;
-      column[1 * kStride] = __fmul_rn(v1, 0.5f);
-      column[2 * kStride] = v1;
-      column[3 * kStride] = v15;
-      column[4 * kStride] = __fmul_rn(v1, 2.0f);
-      column[5 * kStride] = __fmul_rn(v15, 2.0f);
-      column[6 * kStride] = __fmul_rn(v1, 4.0f);
-      column[7 * kStride] = __fmul_rn(v15, 4.0f);
-    } else {
+                                                         float amax, bool mse, float* column) {
+  // Each magnitude is 2^j or 1.5 * 2^j (j = -1 .. 2), and its product with the scale is exact, so where
+  // fl(scale * amax) and fl(1.5 * scale * amax) keep every v normal and finite their v are those two products'
+  // quotients times 2^j (scaling by a power of two commutes with each rounding there): two divisions instead of
+  // eight. Elsewhere (tiny, huge, Inf, NaN) each v is computed as written.
+  const float unit = __fmul_rn(scale, amax), unit_and_half = __fmul_rn(__fmul_rn(scale, 1.5f), amax);
+  if (unit >= 0x1p-114f && unit_and_half <= 0x1p125f) {
+    const float v1 = divide_by_four_over_six_numerator(unit);
+    const float v15 = divide_by_four_over_six_numerator(unit_and_half);
+    column[0] = 0.0f;
+    column[1 * kStride] = __fmul_rn(v1, 0.5f);
+    column[2 * kStride] = v1;
+    column[3 * kStride] = v15;
+    column[4 * kStride] = __fmul_rn(v1, 2.0f);
+    column[5 * kStride] = __fmul_rn(v15, 2.0f);
+    column[6 * kStride] = __fmul_rn(v1, 4.0f);
+    column[7 * kStride] = __fmul_rn(v15, 4.0f);
+  } else {
 #pragma unroll
-      for (uint32_t m = 0; m < 8; ++m)
-        column[m * kStride] = divide_by_four_over_six_numerator(__fmul_rn(__fmul_rn(e2m1_to_float(m), scale), amax));
-    }
+    for (uint32_t m = 0; m < 8; ++m)
+      column[m * kStride] = divide_by_four_over_six_numerator(__fmul_rn(__fmul_rn(e2m1_to_float(m), scale), amax));
   }
   float err = 0.0f;
 #pragma unroll
   for (int k = 0; k < 16; ++k) {
     const uint32_t code = static_cast<uint32_t>(codes >> (4 * k)) & 0xFu;
-    float v;
-    if constexpr (kByMagnitude) {
-      v = __uint_as_float(__float_as_uint(column[(code & 7u) * kStride]) ^ ((code & 8u) << 28));
-    } else {
-      v = divide_by_four_over_six_numerator(__fmul_rn(__fmul_rn(e2m1_to_float(code), scale), amax));
-    }
+    const float v = __uint_as_float(__float_as_uint(column[(code & 7u) * kStride]) ^ ((code & 8u) << 28));
     const float d = __fsub_rn(v, x[k]);
     err = __fadd_rn(err, mse ? __fmul_rn(d, d) : fabsf(d));
   }

@@ -79,8 +79,8 @@ __device__ __forceinline__ EncodedBlock encode_block16(const float (&v)[16], flo
     four_over_six_candidates(bamax, amax, map4, map6);
     const uint64_t q4 = encode16_nearest<kHardwareCvt>(v, map4.inverse);
     const uint64_t q6 = encode16_nearest<kHardwareCvt>(v, map6.inverse);
-    const bool pick4 = four_over_six_row_error<true, kOptThreads>(v, q4, map4.scale, amax, mse, magnitudes) <
-                       four_over_six_row_error<true, kOptThreads>(v, q6, map6.scale, amax, mse, magnitudes);
+    const bool pick4 = four_over_six_row_error<kOptThreads>(v, q4, map4.scale, amax, mse, magnitudes) <
+                       four_over_six_row_error<kOptThreads>(v, q6, map6.scale, amax, mse, magnitudes);
     return pick4 ? EncodedBlock{q4, map4.scale_byte} : EncodedBlock{q6, map6.scale_byte};
   } else {
     const BlockEncoding enc = encode_block_scale<false>(bamax, global_scale(amax));
@@ -158,8 +158,8 @@ __device__ __forceinline__ void encode_options_tile(OptionsTile& s, const Layout
       four_over_six_candidates(tile_amax, amax, map4, map6);
       const uint64_t q4 = encode16_nearest<kHardwareCvt>(v, map4.inverse);
       const uint64_t q6 = encode16_nearest<kHardwareCvt>(v, map6.inverse);
-      s.row_errors[0][r][jb] = four_over_six_row_error<true, kOptThreads>(v, q4, map4.scale, amax, mse, magnitudes);
-      s.row_errors[1][r][jb] = four_over_six_row_error<true, kOptThreads>(v, q6, map6.scale, amax, mse, magnitudes);
+      s.row_errors[0][r][jb] = four_over_six_row_error<kOptThreads>(v, q4, map4.scale, amax, mse, magnitudes);
+      s.row_errors[1][r][jb] = four_over_six_row_error<kOptThreads>(v, q6, map6.scale, amax, mse, magnitudes);
       __syncthreads();
       float e4[16], e6[16];  // the tile's 16 row errors, added as a tree (tree_sum16)
 #pragma unroll
