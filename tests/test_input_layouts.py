@@ -3,8 +3,8 @@ token was routed to, an empty micro-batch), whose gradients are zeros, and input
 memory layout: a slice of a wider tensor (row stride past the row, rows starting 16-byte aligned or not), a
 transposed or permuted view, a view that starts one element into its storage (not 16-byte aligned), rows
 broadcast from one (stride 0). Each such step must give, byte for byte, what the same layer gives for contiguous
-copies of the same values, on every call: the first call takes the separate calls, later ones on CUDA the launcher's step, which is chosen by
-stride and alignment.
+copies of the same values, on every call: the first call takes the separate calls, later ones on CUDA the
+launcher's step, which is chosen by stride and alignment.
 """
 import pytest
 import torch
