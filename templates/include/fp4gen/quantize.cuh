@@ -43,6 +43,7 @@
 #include <type_traits>
 
 #include "fp4gen/abi.h"
+#include "fp4gen/async_copy.cuh"
 #include "fp4gen/elements.cuh"
 #include "fp4gen/hadamard.cuh"
 #include "fp4gen/nvfp4.cuh"
@@ -577,10 +578,37 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
                                          : make_uint4(0, 0, 0, 0);
     }
   };
+  // The columnwise-only kernels of grouped tokens that round to nearest (kStagedPatch) take the next tile's patch
+  // through shared memory instead: its 16 copies (cp.async, no registers held) are issued as soon as this tile's
+  // patch has been read out of the stage and used, so they are in flight during the whole tile's encode, not only
+  // its flushes; the tile's top waits for them and reads the lane's own vectors back (each lane stages and reads only
+  // its own, so no barrier). On the H100 (bench/RESULTS.md, 2026-12-06) that took 3-4% off grouped tokens'
+  // row-scaled calls (65536 x 2048, 128 groups, with and without the transform) in two runs. Measured and not
+  // taken for the dense columnwise-only kernels: 0.5-4% faster with the transform on four shapes but 1.3% slower on
+  // 8192 x 14336, 3-4% slower without it (bound by DRAM, they pay the extra shared-memory reads) and with stochastic
+  // rounding and the transform (more spills).
+  constexpr bool kStagedPatch = kGrouped && kColwise && !kRowwise && !kStochastic;
+  __shared__ __align__(16) uint4 patch_stage[kStagedPatch ? kQuantWarps : 1][kStagedPatch ? 16 : 1][32];
+  auto stage_patch = [&](PatchSource source) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      cp_async_16_streaming<kAfterRowPass>(&patch_stage[warp][i][lane], source.first_row + i * x_row_stride,
+                                           i < source.rows);
+    cp_async_commit();
+  };
+  auto unstage_patch = [&]() {
+    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) patch[i] = patch_stage[warp][i][lane];
+  };
   GroupTileRows tile_rows = first_unit < end_unit ? tile_rows_of(tm) : GroupTileRows{0, 0, -1};
   if (first_unit < end_unit) {
     const PatchSource first = patch_source(tm, tk, tile_rows);
-    load_patch_rows(patch, first, 0), load_patch_rows(patch + 8, first, 8);
+    if constexpr (kStagedPatch) {
+      stage_patch(first);
+    } else {
+      load_patch_rows(patch, first, 0), load_patch_rows(patch + 8, first, 8);
+    }
   }
   if (kRowScaled && first_unit < end_unit) load_amaxes(tm, tk, true, tile_rows), publish_global_scales(true, true);
   while (unit < end_unit) {
@@ -599,8 +627,11 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     auto out_row0 = [&]() -> int64_t { return kGrouped ? tile_rows.source : m0; };
     auto out_row_end = [&]() -> int64_t { return kGrouped ? tile_rows.source + tile_rows.valid : rows; };
     float row_amax_of[kOwnedRows], col_amax_of[kVec];
+    if constexpr (kStagedPatch) unstage_patch();
     if constexpr (kHadamard) hadamard_patch<InT>(patch);
     patch_block_amax<V, kRowwise, k2D>(patch, q, row_amax_of, col_amax_of);
+    // (every vector of the patch has been used: the stage may take the next tile's)
+    if (kStagedPatch && has_next) stage_patch(next_source);
 
     // Block scales: sdec bytes to the stages, inverses r kept (rowwise: in shared memory, read per row pair).
     // Returns whether this lane's blocks meet fast_encode_ok. Two instances: with no special row or column
@@ -803,7 +834,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     } else {
       encode_patch(std::false_type{});
     }
-    if (has_next) load_patch_rows(patch, next_source, 0), load_patch_rows(patch + 8, next_source, 8);
+    if (!kStagedPatch && has_next) load_patch_rows(patch, next_source, 0), load_patch_rows(patch + 8, next_source, 8);
     // the CTA's columnwise outputs of this tile column leave together
     if constexpr (kColwise) {
       __syncthreads();
