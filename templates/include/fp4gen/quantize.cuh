@@ -583,7 +583,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // patch has been read out of the stage and used, so they are in flight during the whole tile's encode, not only
   // its flushes; the tile's top waits for them and reads the lane's own vectors back (each lane stages and reads only
   // its own, so no barrier). On the H100 (bench/RESULTS.md, 2026-12-06) that took 3-4% off grouped tokens'
-  // row-scaled calls (65536 x 2048, 128 groups, with and without the transform) in two runs. Measured and not
+  // row-scaled calls (65536 x 2048, 128 groups, with and without the transform) in three runs. Measured and not
   // taken for the dense columnwise-only kernels: 0.5-4% faster with the transform on four shapes but 1.3% slower on
   // 8192 x 14336, 3-4% slower without it (bound by DRAM, they pay the extra shared-memory reads) and with stochastic
   // rounding and the transform (more spills).
@@ -630,7 +630,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     if constexpr (kStagedPatch) unstage_patch();
     if constexpr (kHadamard) hadamard_patch<InT>(patch);
     patch_block_amax<V, kRowwise, k2D>(patch, q, row_amax_of, col_amax_of);
-    // (every vector of the patch has been used: the stage may take the next tile's)
+    // The stage may take the next tile's patch: this lane read its own vectors out of it above, in program order
+    // before these copies (the copies' asm is a compiler barrier for memory), and has used every one of them.
     if (kStagedPatch && has_next) stage_patch(next_source);
 
     // Block scales: sdec bytes to the stages, inverses r kept (rowwise: in shared memory, read per row pair).
