@@ -13,28 +13,30 @@
 #include <cuda_bf16.h>
 
 #include "fp4gen/elements.cuh"
+#include "fp4gen/nvfp4.cuh"
 
 namespace fp4gen {
 
 constexpr uint32_t kRhtSignMask = 0xD7E8u;
 
-// The transform in fp32 (u after the four butterfly stages), before the rounding to bf16.
+// The transform in fp32 (u after the four butterfly stages), before the rounding to bf16. __host__ too, so that
+// tests/cuda/hadamard_exhaustive.cu runs this very code on the CPU.
 // kExactQuarters: every v[j] is a 16-bit value widened, so u_j = v[j] * (+-1/4) is exact in fp32 (bf16's least
 // subnormal, 2^-133, gives 2^-135). Then the first stage takes u_j as the product of an fma, u_j + u_{j+1} =
 // fma(v[j], +-1/4, u_{j+1}) and u_j - u_{j+1} = fma(v[j], +-1/4, -u_{j+1}): rounded once, as the sum of the exact
 // u_j, so the same values with half the multiplies. (An fp32 input's quarter may round, in the subnormal range.)
 template <bool kExactQuarters = false>
-__device__ __forceinline__ void hadamard16_fp32(float (&v)[16]) {
+__host__ __device__ __forceinline__ void hadamard16_fp32(float (&v)[16]) {
   auto quarter = [](int j) { return ((kRhtSignMask >> j) & 1u) ? -0.25f : 0.25f; };
   if constexpr (kExactQuarters) {
 #pragma unroll
     for (int j = 0; j < 16; j += 2) {
-      const float low = v[j], high = __fmul_rn(v[j + 1], quarter(j + 1));
-      v[j] = __fmaf_rn(low, quarter(j), high), v[j + 1] = __fmaf_rn(low, quarter(j), -high);
+      const float low = v[j], high = mul_rn(v[j + 1], quarter(j + 1));
+      v[j] = fma_rn(low, quarter(j), high), v[j + 1] = fma_rn(low, quarter(j), -high);
     }
   } else {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) v[j] = __fmul_rn(v[j], quarter(j));
+    for (int j = 0; j < 16; ++j) v[j] = mul_rn(v[j], quarter(j));
   }
 #pragma unroll
   for (int h = kExactQuarters ? 2 : 1; h < 16; h *= 2) {
@@ -42,7 +44,7 @@ __device__ __forceinline__ void hadamard16_fp32(float (&v)[16]) {
     for (int j = 0; j < 16; ++j) {
       if (!(j & h)) {
         const float low = v[j], high = v[j + h];
-        v[j] = __fadd_rn(low, high), v[j + h] = __fsub_rn(low, high);
+        v[j] = add_rn(low, high), v[j + h] = sub_rn(low, high);
       }
     }
   }

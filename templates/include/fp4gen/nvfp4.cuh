@@ -127,6 +127,22 @@ __host__ __device__ __forceinline__ float mul_rn(float a, float b) {
 #endif
 }
 
+__host__ __device__ __forceinline__ float add_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+__host__ __device__ __forceinline__ float sub_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
 __host__ __device__ __forceinline__ uint32_t float_bits(float v) {
 #ifdef __CUDA_ARCH__
   return __float_as_uint(v);
