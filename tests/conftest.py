@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from codegen.toolchain import find_nvcc
+
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = Path(__file__).parent / "golden"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -20,6 +22,20 @@ def group_ends(sizes) -> list:
         total += size
         ends.append(total)
     return ends
+
+
+def run_host_program(tmp_path: Path, program: str, timeout: int) -> list:
+    """Builds tests/cuda/<program>.cu for the CPU with the kernels' headers (whose __host__ __device__ helpers it
+    runs there), runs it and returns its output lines; fails where it exits nonzero. It needs nvcc, found as
+    build.py finds it (which raises with a hint where there is none), not a GPU."""
+    exe = tmp_path / program
+    subprocess.run([find_nvcc(), "-std=c++17", "-O2", "--expt-relaxed-constexpr",
+                    f"-I{ROOT / 'templates' / 'include'}", str(ROOT / "tests" / "cuda" / f"{program}.cu"),
+                    "-o", str(exe)], check=True, capture_output=True, text=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=timeout)
+    print(run.stdout)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout.splitlines()
 
 
 def run_without_host_sync(fn) -> None:

@@ -1,14 +1,12 @@
 """The 16-point random Hadamard transform (fp4gen.hadamard) against independent computations and the
 TransformerEngine golden vector."""
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from codegen.toolchain import find_nvcc
-from conftest import ROOT
+from conftest import run_host_program
 from fp4gen.hadamard import RHT_SIGN_MASK, apply_rht, rht_matrix
 from fp4gen.reference import _quantize_1d
 
@@ -170,15 +168,7 @@ def test_kernels_fused_first_stage_gives_the_quartered_values(tmp_path):
     """The kernels' transform of 16-bit inputs folds the quarter into its first stage's fused multiply-adds
     (hadamard.cuh). tests/cuda/hadamard_exhaustive.cu runs that very code on the CPU: every bf16 and fp16 pattern in
     every place of a vector must give the bits of quartering first, and fp32 subnormals (the control) must not."""
-    nvcc = find_nvcc()  # as build.py finds it; raises with a hint where there is none
-    exe = tmp_path / "hadamard_exhaustive"
-    subprocess.run([nvcc, "-std=c++17", "-O2", "--expt-relaxed-constexpr", f"-I{ROOT / 'templates' / 'include'}",
-                    str(ROOT / "tests" / "cuda" / "hadamard_exhaustive.cu"), "-o", str(exe)], check=True,
-                   capture_output=True, text=True)
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    print(run.stdout)
-    assert run.returncode == 0, run.stdout + run.stderr
-    lines = run.stdout.splitlines()
+    lines = run_host_program(tmp_path, "hadamard_exhaustive", timeout=600)
     assert [line.split(":")[0] for line in lines] == ["bf16", "fp16", "fp32 subnormals (control, expected to differ)"]
-    assert lines[0].endswith(" 0 mismatches") and lines[1].endswith(" 0 mismatches"), run.stdout
-    assert not lines[2].endswith(" 0 mismatches"), run.stdout
+    assert lines[0].endswith(" 0 mismatches") and lines[1].endswith(" 0 mismatches"), lines
+    assert not lines[2].endswith(" 0 mismatches"), lines

@@ -8,26 +8,16 @@
 // one "<what>: <n> mismatches" line each; exits nonzero unless the 16-bit lines are 0 and the control's is not.
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
 
 #include "fp4gen/hadamard.cuh"
 
 namespace {
 
-float bits_to_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
+using fp4gen::bits_float;
+using fp4gen::float_bits;
 
-uint32_t float_to_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
-
-float bf16_value(uint32_t pattern) { return bits_to_float(pattern << 16); }
+float bf16_value(uint32_t pattern) { return bits_float(pattern << 16); }
 
 float fp16_value(uint32_t pattern) {
   __half_raw raw;
@@ -35,7 +25,7 @@ float fp16_value(uint32_t pattern) {
   return __half2float(__half(raw));
 }
 
-bool same(float a, float b) { return (a != a && b != b) || float_to_bits(a) == float_to_bits(b); }
+bool same(float a, float b) { return (a != a && b != b) || float_bits(a) == float_bits(b); }
 
 // A partner pattern: any 16 bits, or one near `pattern`'s magnitude (cancellation), or an extreme.
 uint32_t partner(std::mt19937& rng, uint32_t pattern) {
@@ -81,7 +71,7 @@ int main() {
   uint64_t control = 0;
   for (int trial = 0; trial < 100000; ++trial) {
     float a[16], b[16];
-    for (int j = 0; j < 16; ++j) a[j] = b[j] = bits_to_float(j % 2 ? rng() & 0x807FFFFFu : (rng() & 0x807FFFFCu) | 2u);
+    for (int j = 0; j < 16; ++j) a[j] = b[j] = bits_float(j % 2 ? rng() & 0x807FFFFFu : (rng() & 0x807FFFFCu) | 2u);
     fp4gen::hadamard16_fp32<true>(a);
     fp4gen::hadamard16_fp32<false>(b);
     for (int j = 0; j < 16; ++j) control += same(a[j], b[j]) ? 0 : 1;
