@@ -585,8 +585,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // its own, so no barrier). On the H100 (bench/RESULTS.md, 2026-12-06) that took 3-4% off grouped tokens'
   // row-scaled calls (65536 x 2048, 128 groups, with and without the transform) in three runs. Measured and not
   // taken for the dense columnwise-only kernels: 0.5-4% faster with the transform on four shapes but 1.3% slower on
-  // 8192 x 14336, 3-4% slower without it (bound by DRAM, they pay for the extra shared-memory reads, we suppose) and
-  // with stochastic rounding and the transform (more spills).
+  // 8192 x 14336, 3.9-4.4% slower without it (bound by DRAM, they pay for the extra shared-memory reads, we
+  // suppose) and 3-4% with stochastic rounding and the transform (more spills).
   constexpr bool kStagedPatch = kGrouped && kColwise && !kRowwise && !kStochastic;
   __shared__ __align__(16) uint4 patch_stage[kStagedPatch ? kQuantWarps : 1][kStagedPatch ? 16 : 1][32];
   auto stage_patch = [&](PatchSource source) {
