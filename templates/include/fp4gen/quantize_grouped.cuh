@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kOptThreads) grouped_amax_kernel(const Grouped
       float v[16];
 #pragma unroll
       for (int k = 0; k < 16; ++k) v[k] = tile[16 * g + k][c];
-      if (a.hadamard) hadamard16_to_bf16(v);
+      if (a.hadamard) hadamard16_to_bf16<sizeof(InT) == 2>(v);
       uint32_t bits = 0;
 #pragma unroll
       for (int k = 0; k < 16; ++k) bits = max(bits, float_abs_bits(v[k]));
@@ -469,8 +469,8 @@ __global__ void __launch_bounds__(kOptThreads) grouped_encode_kernel(const Group
   for_each_grouped_tile<InT>(a, s.tile, blocks, [&](int t, const GroupedBlock(&tile_blocks)[kOptTile / 16]) {
     const GroupedTileLayout layout{&a, tile_blocks, first_row + t * kOptTile, col0, a.row_data, a.row_scale,
                                    a.col_data, a.col_scale};
-    encode_options_tile<kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset, a.block_2d,
-                                                                           a.four_over_six == 2);
+    encode_options_tile<InT, kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset,
+                                                                                a.block_2d, a.four_over_six == 2);
   });
 }
 
@@ -517,8 +517,8 @@ __global__ void __launch_bounds__(kOptThreads) stacked_encode_kernel(const Group
   uint64_t seed = 0, offset = 0;
   if constexpr (kStochastic) stochastic_draw(a, seed, offset);
   const StackedTileLayout layout{&a, group, group_rows, row0, col0, a.row_data, a.row_scale, a.col_data, a.col_scale};
-  encode_options_tile<kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset, a.block_2d,
-                                                                         a.four_over_six == 2);
+  encode_options_tile<InT, kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset, a.block_2d,
+                                                                              a.four_over_six == 2);
 }
 
 // Stacked weights scaled per group, without the transform: each group's amax of |x| (NaN-propagating, as the amax

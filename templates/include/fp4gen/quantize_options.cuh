@@ -130,7 +130,8 @@ struct DenseTileLayout {
 // Encodes a staged tile (s.tile; callers synchronize after staging) into the copies `layout` names. Thread t
 // encodes the rowwise block t % 4 of tile row t / 4 and the columnwise block t / 64 of tile column t % 64. With
 // block_2d, a 16x16 tile's amax is the row_amax of its rows; rows the layout does not write must read as zeros.
-template <bool kStochastic, bool kHadamard, bool kFourOverSix, bool kHardwareCvt, class Layout>
+// InT is the type the tile was staged from (stage_tile_fp32).
+template <class InT, bool kStochastic, bool kHadamard, bool kFourOverSix, bool kHardwareCvt, class Layout>
 __device__ __forceinline__ void encode_options_tile(OptionsTile& s, const Layout& layout, uint64_t seed,
                                                     uint64_t offset, bool block_2d, bool mse) {
   [[maybe_unused]] float* magnitudes = nullptr;  // 4over6: the thread's column of the table of error values
@@ -208,7 +209,7 @@ __device__ __forceinline__ void encode_options_tile(OptionsTile& s, const Layout
   }
 #pragma unroll
   for (int k = 0; k < 16; ++k) v[k] = s.tile[16 * g + k][c];
-  if constexpr (kHadamard) hadamard16_to_bf16(v);
+  if constexpr (kHadamard) hadamard16_to_bf16<sizeof(InT) == 2>(v);
   // the columnwise copy draws at offset + 1, so the two copies of one call never share bits
   const EncodedBlock enc = encode_block16<kStochastic, kFourOverSix, kHardwareCvt>(v, layout.col_amax(c, g), mse, seed,
                                                                                   offset + 1, col_block, magnitudes);
@@ -231,7 +232,7 @@ __global__ void __launch_bounds__(kOptThreads)
   if constexpr (kStochastic) seed = static_cast<uint64_t>(rng_state[0]), offset = static_cast<uint64_t>(rng_state[1]);
   const DenseTileLayout layout{rows, cols, row0, col0, row_amax, col_amax, row_data, row_scale, col_data, col_scale,
                                vector_amax};
-  encode_options_tile<kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset, block_2d, mse);
+  encode_options_tile<InT, kStochastic, kHadamard, kFourOverSix, kHardwareCvt>(s, layout, seed, offset, block_2d, mse);
 }
 
 template <class InT, bool kStochastic, bool kHadamard, bool kFourOverSix>
