@@ -24,12 +24,14 @@ def group_ends(sizes) -> list:
     return ends
 
 
-def run_host_program(tmp_path: Path, program: str, timeout: int) -> list:
-    """Builds tests/cuda/<program>.cu for the CPU with the kernels' headers (whose __host__ __device__ helpers it
-    runs there), runs it and returns its output lines; fails where it exits nonzero. It needs nvcc, found as
-    build.py finds it (which raises with a hint where there is none), not a GPU."""
+def run_check_program(tmp_path: Path, program: str, timeout: int, device_arch: str | None = None) -> list:
+    """Builds tests/cuda/<program>.cu with the kernels' headers, runs it and returns its output lines; fails where
+    it exits nonzero. It needs nvcc, found as build.py finds it (which raises with a hint where there is none).
+    Without device_arch the program runs the headers' __host__ __device__ helpers on the CPU and needs no GPU;
+    with one (say "sm_90a") its kernels are built for that GPU, which must be present."""
     exe = tmp_path / program
-    subprocess.run([find_nvcc(), "-std=c++17", "-O2", "--expt-relaxed-constexpr",
+    arch = [f"-arch={device_arch}"] if device_arch else []
+    subprocess.run([find_nvcc(), "-std=c++17", "-O2", "--expt-relaxed-constexpr", *arch,
                     f"-I{ROOT / 'templates' / 'include'}", str(ROOT / "tests" / "cuda" / f"{program}.cu"),
                     "-o", str(exe)], check=True, capture_output=True, text=True)
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=timeout)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_host_program
+from conftest import run_check_program
 from fp4gen.hadamard import RHT_SIGN_MASK, apply_rht, rht_matrix
 from fp4gen.reference import _quantize_1d
 
@@ -168,7 +168,7 @@ def test_kernels_fused_first_stage_gives_the_quartered_values(tmp_path):
     """The kernels' transform of 16-bit inputs folds the quarter into its first stage's fused multiply-adds
     (hadamard.cuh). tests/cuda/hadamard_exhaustive.cu runs that very code on the CPU: every bf16 and fp16 pattern in
     every place of a vector must give the bits of quartering first, and fp32 subnormals (the control) must not."""
-    lines = run_host_program(tmp_path, "hadamard_exhaustive", timeout=600)
+    lines = run_check_program(tmp_path, "hadamard_exhaustive", timeout=600)
     assert [line.split(":")[0] for line in lines] == ["bf16", "fp16", "fp32 subnormals (control, expected to differ)"]
     assert lines[0].endswith(" 0 mismatches") and lines[1].endswith(" 0 mismatches"), lines
     assert not lines[2].endswith(" 0 mismatches"), lines

@@ -4,13 +4,10 @@ sm_90a quantize kernels' block scales (reciprocal_rn_in_range in nvfp4.cuh) agai
 division in 4over6's error (divide_by_four_over_six_numerator in four_over_six.cuh) against __fdiv_rn, and the
 stochastic E2M1 step (encode_codes_stochastic in stochastic.cuh) against the rule with its division, for every
 random byte too."""
-import subprocess
-
 import pytest
 import torch
 
-from codegen.toolchain import find_nvcc
-from conftest import ROOT
+from conftest import run_check_program
 
 pytestmark = pytest.mark.gpu
 
@@ -18,14 +15,7 @@ pytestmark = pytest.mark.gpu
 def _run(tmp_path, program: str) -> str:
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}a" if major >= 9 else f"sm_{major}{minor}"
-    exe = tmp_path / program
-    subprocess.run([find_nvcc(), "-std=c++17", "-O3", "--expt-relaxed-constexpr", f"-arch={arch}",
-                    f"-I{ROOT / 'templates' / 'include'}", str(ROOT / "tests" / "cuda" / f"{program}.cu"),
-                    "-o", str(exe)], check=True, capture_output=True, text=True)
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    print(run.stdout)
-    assert run.returncode == 0, run.stdout + run.stderr
-    return run.stdout
+    return "\n".join(run_check_program(tmp_path, program, timeout=300, device_arch=arch))
 
 
 def test_block_scale_reciprocal_matches_frcp_rn(tmp_path):
