@@ -123,6 +123,36 @@ def test_plain_kernels_take_the_transform_and_stochastic_rounding(option, scalin
                 assert any(n.startswith("quantize_row_pass") for n in launched), launched
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+@pytest.mark.parametrize("hadamard", [False, True], ids=["plain", "rht"])
+def test_stochastic_rounding_of_products_that_round_to_zero(dtype, scaling, hadamard):
+    # Stochastic rounding takes y = fl(x * r) + 0: a negative product that rounds to zero is +0, code 0 (a kernel
+    # that multiplied with one fma, fma(x, r, +0), would keep its -0 and give code 8 wherever a block's inverse
+    # scale r is below 2^-16). bf16: a block of amax 1e6 (r about 6e-6, in a row block and a column block) with the
+    # tiniest negative elements, whose products round to zero (the transform mixes the column block's values, so
+    # with it only the rowwise copy has such products), beside ordinary tiles; -0.0 throughout. (An fp16 value's
+    # product never rounds to zero: r is at least about 6 / 65504 there.)
+    from fp4gen.cuda import ops as cuda_ops
+    g = torch.Generator(device="cuda").manual_seed(23)
+    x = torch.randn(1040, 2064, device="cuda", generator=g) * 1000
+    x[::3, ::5] = -0.0
+    if dtype == torch.bfloat16:
+        x[130, 64:80] = -2.0 ** -133
+        x[128:144, 70] = -2.0 ** -133
+        x[130, 70] = 1e6
+    x = x.to(dtype)
+    for copies in ("rowwise", "columnwise", "both"):
+        rowwise, columnwise = COPIES[copies]
+        if hadamard and not columnwise:
+            continue
+        kw = dict(scaling=scaling, rowwise=rowwise, columnwise=columnwise, rounding="stochastic", hadamard=hadamard)
+        assert_same_as_reference(x, **kw)
+        if scaling == "row" and rowwise:  # the row pass's rowwise copy above; the quantize kernel's here
+            with cuda_ops.row_pass_limits(0):
+                assert_same_as_reference(x, **kw)
+
+
 @pytest.mark.parametrize("option", ["sr", "sr+rht"])
 def test_stochastic_rounding_of_fp32_takes_the_option_kernels(option, monkeypatch):
     launched = _launched_kernels(monkeypatch)
