@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kHadamardAmaxThreads)
   float v[16];
 #pragma unroll
   for (int k = 0; k < 16; ++k) v[k] = tile[16 * g + k][c];
-  hadamard16_to_bf16<sizeof(InT) == 2>(v);
+  hadamard16_to_bf16<InT>(v);
   uint32_t col_bits = 0;
 #pragma unroll
   for (int k = 0; k < 16; ++k) col_bits = max(col_bits, abs_bits(v[k]));

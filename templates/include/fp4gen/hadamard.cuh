@@ -50,11 +50,11 @@ __host__ __device__ __forceinline__ void hadamard16_fp32(float (&v)[16]) {
   }
 }
 
-// The transform, each value returned as its bf16 widened to fp32 (exactly), NaN as 0x7FC00000. kExactQuarters as
-// for hadamard16_fp32: the callers pass it where v holds a 16-bit input's values.
-template <bool kExactQuarters = false>
+// The transform of values of an InT input widened to fp32, each returned as its bf16 widened to fp32 (exactly),
+// NaN as 0x7FC00000. A 16-bit InT takes the fused first stage (kExactQuarters).
+template <class InT>
 __device__ __forceinline__ void hadamard16_to_bf16(float (&v)[16]) {
-  hadamard16_fp32<kExactQuarters>(v);
+  hadamard16_fp32<sizeof(InT) == 2>(v);
 #pragma unroll
   for (int j = 0; j < 16; ++j)
     v[j] = isnan(v[j]) ? __uint_as_float(0x7FC00000u) : __bfloat162float(__float2bfloat16_rn(v[j]));

@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kOptThreads) grouped_amax_kernel(const Grouped
       float v[16];
 #pragma unroll
       for (int k = 0; k < 16; ++k) v[k] = tile[16 * g + k][c];
-      if (a.hadamard) hadamard16_to_bf16<sizeof(InT) == 2>(v);
+      if (a.hadamard) hadamard16_to_bf16<InT>(v);
       uint32_t bits = 0;
 #pragma unroll
       for (int k = 0; k < 16; ++k) bits = max(bits, float_abs_bits(v[k]));

@@ -209,7 +209,7 @@ __device__ __forceinline__ void encode_options_tile(OptionsTile& s, const Layout
   }
 #pragma unroll
   for (int k = 0; k < 16; ++k) v[k] = s.tile[16 * g + k][c];
-  if constexpr (kHadamard) hadamard16_to_bf16<sizeof(InT) == 2>(v);
+  if constexpr (kHadamard) hadamard16_to_bf16<InT>(v);
   // the columnwise copy draws at offset + 1, so the two copies of one call never share bits
   const EncodedBlock enc = encode_block16<kStochastic, kFourOverSix, kHardwareCvt>(v, layout.col_amax(c, g), mse, seed,
                                                                                   offset + 1, col_block, magnitudes);
