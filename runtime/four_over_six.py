@@ -48,7 +48,7 @@ def block_error(x: torch.Tensor, codes: torch.Tensor, sf: torch.Tensor, amax: to
     v = (scaled * a) / (_f32(E2M1_MAX, x.device) * _f32(emax, x.device))
     d = v - x
     term = d.abs() if mode == "mae" else d * d
-    term = term.reshape(*term.shape[:-1], -1, _ROW)  # [..., n, rows, 16]
+    term = term.reshape(*term.shape[:-1], term.shape[-1] // _ROW, _ROW)  # [..., n, rows, 16] (also with n = 0)
     err = torch.zeros(term.shape[:-1], dtype=torch.float32, device=x.device)
     for k in range(_ROW):  # sequential: fp32 addition is not associative
         err = err + term[..., k]

@@ -134,9 +134,11 @@ def _quantize_1d(x: torch.Tensor, amax: torch.Tensor, rbytes=None, four_over_six
 
 
 def _tiles(t: torch.Tensor) -> torch.Tensor:
-    """[M, K] -> [M/16, K/16, 256]: each 16x16 tile's elements, row-major within the tile."""
+    """[M, K] -> [M/16, K/16, 256]: each 16x16 tile's elements, row-major within the tile (sizes spelled out, not -1:
+    an empty M or K has no size to infer)."""
     m, k = t.shape
-    return t.reshape(m // BLOCK, BLOCK, k // BLOCK, BLOCK).permute(0, 2, 1, 3).reshape(m // BLOCK, k // BLOCK, -1)
+    tiles = t.reshape(m // BLOCK, BLOCK, k // BLOCK, BLOCK).permute(0, 2, 1, 3)
+    return tiles.reshape(m // BLOCK, k // BLOCK, BLOCK * BLOCK)
 
 
 def _quantize_2d(x: torch.Tensor, amax: torch.Tensor, rowwise: bool, columnwise: bool, rbytes=None,

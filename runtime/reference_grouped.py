@@ -74,8 +74,8 @@ def quantize_grouped(x2d: torch.Tensor, offsets: torch.Tensor, rows_per_group: i
             row_amax = torch.repeat_interleave(amax, torch.tensor([e - s for s, e in zip(starts, ends)], device=device))
         q = _quantize_1d(x, row_amax, _random_bytes(rng, 0, x.shape), fos)
         if stacked:
-            row = GroupedNVFP4Data(q.data.reshape(groups, rows_per_group, -1),
-                                   q.scale.reshape(groups, rows_per_group, -1),
+            row = GroupedNVFP4Data(q.data.reshape(groups, rows_per_group, cols // 2),
+                                   q.scale.reshape(groups, rows_per_group, cols // BLOCK),
                                    amax.reshape(groups, rows_per_group) if row_scaled else amax, "stacked", row_scaled,
                                    e4m3_max=e4m3_max)
         else:
@@ -105,8 +105,8 @@ def quantize_grouped(x2d: torch.Tensor, offsets: torch.Tensor, rows_per_group: i
             scale[rows, start // BLOCK:(start + size) // BLOCK] = q.scale
         amax = torch.stack(amaxes) if row_scaled else torch.cat(amaxes)
         if stacked:
-            col = GroupedNVFP4Data(data.reshape(groups, cols, -1), scale.reshape(groups, cols, -1), amax, "stacked",
-                                   row_scaled, e4m3_max=e4m3_max)
+            col = GroupedNVFP4Data(data.reshape(groups, cols, width // 2), scale.reshape(groups, cols, width // BLOCK),
+                                   amax, "stacked", row_scaled, e4m3_max=e4m3_max)
         else:
             col = GroupedNVFP4Data(data, scale, amax, "columns", row_scaled, offsets, padded, e4m3_max=e4m3_max)
     return row, col

@@ -102,7 +102,8 @@ def test_stochastic_quantize_under_torch_compile_draws_from_the_default_state():
 
 def test_stochastic_rounding_is_unbiased():
     # the mean of many independent roundings converges to the block-scaled value x * r: compare the
-    # dequantized mean with x, per element, within a few standard errors of the two-point distribution
+    # dequantized mean with x, over all elements and per element on average (a block's largest element may
+    # saturate at 6 and bytes below 1/256 of a step never round up, so single elements can keep a small bias)
     torch.manual_seed(0)
     x = torch.randn(16, 64)
     state = fp4gen.RNGState(seed=99)
@@ -110,7 +111,7 @@ def test_stochastic_rounding_is_unbiased():
                                                            columnwise=False).rowwise, torch.float32).double()
                          for _ in range(400)])
     nearest = fp4gen.dequantize(fp4gen.quantize(x, "tensor", columnwise=False).rowwise, torch.float32).double()
-    mean, std = draws.mean(0), draws.std(0)
+    mean = draws.mean(0)
     decoded_x = x.double()  # every draw is one of the two neighbours of x's value on the block's grid
     rn_error = (nearest - decoded_x).abs().mean()
     # no systematic bias: the signed mean error over all elements is far below round-to-nearest's error
@@ -218,3 +219,57 @@ def test_nan_surfaces_in_every_mode(kwargs):
     assert torch.isnan(q.rowwise.amax[3]) and torch.isnan(q.columnwise.amax[5])
     assert torch.isnan(fp4gen.dequantize(q.rowwise, torch.float32)[3]).all()
     assert torch.isnan(fp4gen.dequantize(q.columnwise, torch.float32)[5]).all()
+
+
+# ---- empty inputs in every mode ------------------------------------------------------------------------------
+
+EMPTY_OPTIONS = [dict(), dict(rounding="stochastic"), dict(hadamard=True), dict(four_over_six="mae"),
+                 dict(four_over_six="mse", hadamard=True)]
+
+
+@pytest.mark.parametrize("kwargs", EMPTY_OPTIONS, ids=str)
+@pytest.mark.parametrize("scaling,block", [("row", (1, 16)), ("tensor", (1, 16)), ("tensor", (16, 16))])
+@pytest.mark.parametrize("shape", [(0, 32), (2, 16, 0), (0, 0)], ids=str)
+def test_empty_inputs_in_every_mode(kwargs, scaling, block, shape):
+    """No rows, no columns or neither: empty copies of the documented shapes, amaxes of 0 for an empty extent
+    (as for a tensor of zeros), and dequantization to empty tensors, with every option and layout."""
+    if kwargs.get("hadamard") and block == (16, 16):
+        pytest.skip("the transform is of 1x16 copies (refused with 16x16 blocks, see test_bad_options)")
+    cols = shape[-1]
+    rows = 1
+    for extent in shape[:-1]:
+        rows *= extent
+    q = fp4gen.quantize(torch.zeros(shape, dtype=torch.bfloat16), scaling, block, **kwargs)
+    e4m3_max = 256.0 if kwargs.get("four_over_six") else 448.0
+    for copy, (r, c) in (("rowwise", (rows, cols)), ("columnwise", (cols, rows))):
+        op = getattr(q, copy)
+        assert op.data.shape == (r, c // 2) and op.scale.shape == (r, c // 16), copy
+        amaxes = r if scaling == "row" else 1
+        assert op.amax.tolist() == [0.0] * amaxes and op.e4m3_max == e4m3_max, copy
+        assert fp4gen.dequantize(op, torch.float32).shape == (r, c)
+
+
+@pytest.mark.parametrize("kwargs", EMPTY_OPTIONS, ids=str)
+def test_empty_groups_and_experts_in_every_mode(kwargs):
+    """Grouped tokens with no tokens at all, and stacked experts with no rows or no columns."""
+    q = fp4gen.quantize_grouped(torch.zeros(0, 64, dtype=torch.bfloat16), [0, 0, 0], **kwargs)
+    assert q.rowwise.data.shape == (0, 32) and q.rowwise.amax.shape == (0,)
+    capacity = 64 * ((0 + 63 * 3) // 64)  # the documented width: enough for any routing of T tokens into E groups
+    assert q.columnwise.data.shape == (64, capacity // 2) and q.columnwise.amax.tolist() == [[0.0] * 64] * 3
+    layouts = [("row", (1, 16)), ("tensor", (1, 16))] + ([] if kwargs.get("hadamard") else [("tensor", (16, 16))])
+    for scaling, block in layouts:
+        for e, n, k in ((3, 0, 64), (3, 32, 0)):
+            q = fp4gen.quantize_grouped(torch.zeros(e, n, k, dtype=torch.bfloat16), None, scaling, block, **kwargs)
+            assert q.rowwise.data.shape == (e, n, k // 2) and q.rowwise.scale.shape == (e, n, k // 16)
+            assert q.columnwise.data.shape == (e, k, n // 2) and q.columnwise.scale.shape == (e, k, n // 16)
+            assert not q.rowwise.amax.any() and not q.columnwise.amax.any()
+
+
+@pytest.mark.parametrize("four_over_six", ["activations", "weights", "all"])
+def test_linear_step_without_tokens_with_four_over_six(four_over_six):
+    layer = fp4gen.nn.Linear(32, 48, recipe=fp4gen.Recipe(four_over_six=four_over_six), dtype=torch.bfloat16)
+    x = torch.zeros(2, 0, 32, dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    y.backward(torch.ones_like(y))
+    assert y.shape == (2, 0, 48) and x.grad.shape == x.shape
+    assert not layer.weight.grad.any() and not layer.bias.grad.any()

@@ -266,3 +266,16 @@ def test_side_stream():
     torch.cuda.current_stream().wait_stream(side)
     want = fp4gen.quantize_grouped(x.cpu(), ends, backend="reference")
     assert torch.equal(got.columnwise.data.cpu(), want.columnwise.data)
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+@pytest.mark.parametrize("scaling", ["row", "tensor"])
+def test_no_tokens_and_empty_experts_equal_reference(option, scaling):
+    kwargs = OPTIONS[option]
+    assert_same_as_reference(torch.zeros(0, 64, device="cuda", dtype=torch.bfloat16), [0, 0, 0], scaling=scaling,
+                             **kwargs)
+    blocks = [(1, 16)] + ([(16, 16)] if scaling == "tensor" and not kwargs.get("hadamard") else [])
+    for block in blocks:
+        for e, n, k in ((3, 0, 64), (3, 32, 0)):
+            assert_same_as_reference(torch.zeros(e, n, k, device="cuda", dtype=torch.bfloat16), None,
+                                     scaling=scaling, block=block, **kwargs)

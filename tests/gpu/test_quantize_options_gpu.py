@@ -295,3 +295,16 @@ def test_dequantize_of_four_over_six_operands_equals_reference(dtype, scaling, b
         if dtype == torch.float32:  # (fp16 flushes this tensor-scaled data to 0 and inf either way)
             plain = fp4gen.NVFP4Data(copy.data, copy.scale, copy.amax)  # the same bytes read with 6 * 448
             assert not torch.equal(fp4gen.dequantize(plain, dtype), got)
+
+
+@pytest.mark.parametrize("option", ["plain", *OPTIONS])
+@pytest.mark.parametrize("scaling,block", LAYOUTS)
+@pytest.mark.parametrize("copies", COPIES)
+@pytest.mark.parametrize("shape", [(0, 32), (32, 0), (0, 0)], ids=str)
+def test_empty_inputs_equal_reference(option, scaling, block, copies, shape):
+    kwargs = OPTIONS.get(option, {})
+    rowwise, columnwise = COPIES[copies]
+    if kwargs.get("hadamard") and (block == (16, 16) or not columnwise):
+        pytest.skip("the transform is of 1x16 columnwise copies (refused otherwise, see test_quantize_options)")
+    x = torch.zeros(shape, device="cuda", dtype=torch.bfloat16)
+    assert_same_as_reference(x, scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise, **kwargs)
