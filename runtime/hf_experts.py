@@ -115,7 +115,7 @@ class _ExpertsForward:
         y = y * top_k_weights.reshape(-1).index_select(0, order).unsqueeze(-1)
         # back to (token, choice) order, then each token's choices summed
         unsorted = y.new_empty(y.shape).index_copy(0, order, y)
-        return unsorted.view(tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
+        return unsorted.view(tokens, top_k, y.shape[-1]).sum(dim=1).to(hidden_states.dtype)  # also with no tokens
 
     def _project(self, experts, name: str, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         weight, label = getattr(experts, name), f"{type(experts).__name__}.{name}"

@@ -363,3 +363,17 @@ def test_a_frozen_reference_keeps_its_expert_caches_through_the_policys_steps(ki
             assert torch.equal(reference(input_ids=ids).logits, expected)
     assert all(caches[name].entry is entry for name, entry in kept.items())
     assert experts_of(policy)._fp4gen_weight_caches["down_proj"].entry is None  # the policy's: dropped by the step
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "gpt_oss"])
+def test_experts_take_a_call_without_tokens(kind):
+    """A batch with no tokens (a data-parallel rank's empty share, say): an empty output, empty input gradient and
+    zero weight gradients, as transformers' own implementation gives."""
+    experts = experts_of(tiny_moe(kind, NEAREST))
+    hidden_states, top_k_index, top_k_weights = routed(tokens=0)
+    x = hidden_states.clone().requires_grad_()
+    out = experts(x, top_k_index, top_k_weights)
+    assert out.shape == (0, 64) and out.dtype == x.dtype
+    out.sum().backward()
+    assert x.grad.shape == (0, 64)
+    assert not experts.gate_up_proj.grad.any() and not experts.down_proj.grad.any()

@@ -59,6 +59,8 @@ def test_stochastic_rounding_is_reproducible_for_one_state_and_fresh_after(scali
 
 def test_default_state_restarts_when_the_torch_seed_changes():
     x = torch.randn(32, 64)
+    torch.manual_seed(6)  # whatever seed an earlier test left the default state at, 7 is then a change
+    fp4gen.RNGState.default("cpu")
     torch.manual_seed(7)
     a = fp4gen.quantize(x, rounding="stochastic").rowwise
     b = fp4gen.quantize(x, rounding="stochastic").rowwise
