@@ -625,3 +625,29 @@ def test_plan_cache_tells_m_256_from_larger_m(monkeypatch):
     assert kernel_for(8192).endswith("t128x256x64_coop_cl2x1_sm90a")
     assert kernel_for(256).endswith("packedrs_bf16out_t128x128x64_sm90a")
     assert kernel_for(257) == kernel_for(8192) and len(ops._PLANS) == 2
+
+
+@pytest.mark.parametrize("scaling,block", [("row", (1, 16)), ("tensor", (1, 16)), ("tensor", (16, 16))])
+@pytest.mark.parametrize("four_over_six", [None, "mse"])
+@pytest.mark.parametrize("experts,rows,cols", [(3, 0, 64), (3, 32, 0), (None, 40, 0), (None, 0, 64)])
+def test_cuda_backend_lays_out_grouped_tensors_without_elements_as_the_reference(monkeypatch, scaling, block,
+                                                                                 four_over_six, experts, rows, cols):
+    """Stacked experts (experts given) or tokens in three groups (experts None) without elements, no rows or no
+    columns, launch no kernel on the CUDA backend (its outputs are allocated zeroed), so its layout code runs here:
+    the same layouts, shapes and zero amaxes as the reference backend's."""
+    from fp4gen import reference_grouped
+    from fp4gen.cuda import grouped
+    from fp4gen.options import QuantizeOptions
+    if experts is None and block == (16, 16):
+        pytest.skip("16x16 blocks are for stacked weights")
+    monkeypatch.setattr(grouped, "_kernel_for", lambda *args, **kwargs: None)  # never launched: no elements
+    x = torch.zeros((experts or 1) * rows, cols, dtype=torch.bfloat16)
+    ends = torch.arange(1, experts + 1, dtype=torch.int64) * rows if experts else torch.tensor([0, rows // 2, rows])
+    options = QuantizeOptions(four_over_six=four_over_six)
+    got = grouped.quantize_grouped(x, ends, rows if experts else None, scaling, block, True, True, options)
+    want = reference_grouped.quantize_grouped(x, ends, rows if experts else None, scaling, block, True, True, options)
+    for a, b in zip(got, want):
+        assert a.layout == b.layout and a.e4m3_max == b.e4m3_max
+        for field in ("data", "scale", "amax"):
+            assert getattr(a, field).shape == getattr(b, field).shape, field
+            assert torch.equal(getattr(a, field).view(torch.uint8), getattr(b, field).view(torch.uint8)), field

@@ -47,9 +47,9 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
         padded, rows = padded_offsets(offsets), width
     e4m3_max = 448.0 if options.four_over_six is None else 256.0
     f32 = torch.float32
-    # no tokens: nothing to launch (the kernel refuses empty outputs); every group is empty, its amaxes 0 as the
-    # reference's, and the columnwise copy's columns, which no group owns, zeros
-    alloc = _empty if tokens else _zeros
+    # no elements (no tokens, or no columns): nothing to launch (the kernel refuses empty outputs); every extent is
+    # empty, its amaxes 0 as the reference's, and the columnwise copy's columns, which no group owns, zeros
+    alloc = _empty if x.numel() else _zeros
     row = col = None
     row_args = col_args = (None, None, None)
     if rowwise:
@@ -57,9 +57,9 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
         data, scale = alloc(device, tokens, cols // 2), alloc(device, tokens, cols // BLOCK)
         row_args = (amax, data, scale)
         if stacked:
-            shape = (groups, rows_per_group)
+            shape = (groups, rows_per_group)  # views spelled out: an expert of no rows leaves no size to infer
             row = GroupedNVFP4Data._made_by_fp4gen(
-                data.view(*shape, -1), scale.view(torch.float8_e4m3fn).view(*shape, -1),
+                data.view(*shape, cols // 2), scale.view(torch.float8_e4m3fn).view(*shape, cols // BLOCK),
                 amax.view(shape) if row_scaled else amax, "stacked", row_scaled, None, None, e4m3_max)
         else:
             row = GroupedNVFP4Data._made_by_fp4gen(data, scale.view(torch.float8_e4m3fn), amax, "rows", row_scaled,
@@ -71,12 +71,12 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
         col_args = (amax, data, scale)
         if stacked:
             col = GroupedNVFP4Data._made_by_fp4gen(
-                data.view(groups, cols, -1), scale.view(torch.float8_e4m3fn).view(groups, cols, -1), amax, "stacked",
-                row_scaled, None, None, e4m3_max)
+                data.view(groups, cols, width // 2), scale.view(torch.float8_e4m3fn).view(groups, cols, width // BLOCK),
+                amax, "stacked", row_scaled, None, None, e4m3_max)
         else:
             col = GroupedNVFP4Data._made_by_fp4gen(data, scale.view(torch.float8_e4m3fn), amax, "columns", row_scaled,
                                                    offsets, padded, e4m3_max)
-    if not tokens:
+    if not x.numel():
         return row, col
     stride = x.stride(0) if tokens > 1 else cols
     rng_state = options.rng.tensor if options.rounding == "stochastic" else None

@@ -1,0 +1,214 @@
+"""Random cases on the CUDA backend, seeded: shapes drawn with tails (row counts off the 16 grid, no rows at all,
+rows wide enough for several row-pass CTAs), every dtype, option, scaling, block and copy, row strides wider than
+the rows, skewed and empty routings. Each case is checked as the fixed-shape tests check theirs: quantization
+byte for byte against the reference backend, and GEMMs against a float64 product of the dequantized operands.
+A failure names its case."""
+import random
+
+import pytest
+import torch
+
+import fp4gen
+
+pytestmark = pytest.mark.gpu
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+OPTIONS = [{}, dict(rounding="stochastic"), dict(hadamard=True), dict(rounding="stochastic", hadamard=True),
+           dict(four_over_six="mae"), dict(four_over_six="mse"), dict(four_over_six="mse", hadamard=True)]
+SEEDS = range(12)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Bit patterns, every NaN amax as one pattern (the definition fixes NaN, not its payload)."""
+    if t.dtype != torch.float32:
+        return t.view(torch.uint8)
+    return torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t).view(torch.int32)
+
+
+def _same_copies(got, want, case):
+    for copy in ("rowwise", "columnwise"):
+        a, b = getattr(got, copy), getattr(want, copy)
+        assert (a is None) == (b is None), f"{case}: {copy}"
+        if a is None:
+            continue
+        assert a.e4m3_max == b.e4m3_max, f"{case}: {copy}.e4m3_max"
+        for field in ("data", "scale", "amax"):
+            x, y = _bits(getattr(a, field)), _bits(getattr(b, field))
+            assert x.shape == y.shape, f"{case}: {copy}.{field} shape {tuple(x.shape)} against {tuple(y.shape)}"
+            assert torch.equal(x, y), f"{case}: {copy}.{field} differs in {(x != y).sum().item()} of {x.numel()}"
+
+
+def _f64(op) -> torch.Tensor:
+    """An independent float64 decode of an operand: e2m1 * scale * amax / (6 * e4m3_max)."""
+    lut = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64, device=op.data.device)
+    rows = op.data.shape[0]
+    codes = torch.stack((op.data & 0xF, op.data >> 4), -1).reshape(rows, -1).long()
+    values = lut[codes].reshape(rows, -1, 16) * op.scale.double().unsqueeze(-1)
+    return values.reshape(rows, -1) * op.amax.double().reshape(-1, 1) / (6 * op.e4m3_max)
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double().cpu(), want.double().cpu()
+    return ((got - want).norm() / want.norm().clamp_min(1e-300)).item()
+
+
+def _data(rng, rows, cols, dtype, stride_pad=0):
+    """Random rows: normal, with row magnitudes spread by 2^+-8 or (with column spreads too) 2^+-30, or sparse."""
+    g = torch.Generator(device="cuda").manual_seed(rng.randrange(1 << 30))
+    kind = rng.choice(["plain", "rows", "heavy", "sparse"])
+    x = torch.randn(rows, cols + stride_pad, device="cuda", generator=g)
+    if kind in ("rows", "heavy"):
+        spread = 8 if kind == "rows" else 30
+        x *= torch.exp2(torch.randint(-spread, spread + 1, (rows, 1), device="cuda", generator=g).float())
+    if kind == "heavy":
+        x *= torch.exp2(torch.randint(-20, 21, (1, cols + stride_pad), device="cuda", generator=g).float())
+    if kind == "sparse":
+        x *= torch.rand(rows, cols + stride_pad, device="cuda", generator=g) < 0.1
+    x = x.to(dtype)
+    return x[:, :cols] if stride_pad else x
+
+
+def _states(rng, options):
+    """The same random state twice (one for each backend) where the options round stochastically."""
+    if options.get("rounding") != "stochastic":
+        return {}, {}
+    seed = rng.randrange(1 << 40)
+    return dict(rng=fp4gen.RNGState(seed, device="cuda")), dict(rng=fp4gen.RNGState(seed, device="cuda"))
+
+
+def _ends(rng, tokens, groups):
+    """Cumulative group ends: random cuts, or most tokens to a few groups and none to the others."""
+    if groups > 1 and rng.random() < 0.3:
+        return sorted([0] * (groups // 2) + [tokens] * (groups - 1 - groups // 2)) + [tokens]
+    return sorted(rng.randint(0, tokens) for _ in range(groups - 1)) + [tokens]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_quantize_calls_equal_reference(seed):
+    rng = random.Random(seed)
+    for _ in range(6):
+        dtype = rng.choice([torch.bfloat16, torch.float16, torch.float32])
+        options = dict(rng.choice(OPTIONS))
+        scaling, block = rng.choice([("row", (1, 16)), ("tensor", (1, 16)), ("tensor", (16, 16))])
+        if options.get("hadamard"):
+            block = (1, 16)
+        rowwise, columnwise = (False, True) if options.get("hadamard") and rng.random() < 0.3 else \
+            rng.choice([(True, True), (True, False), (False, True)])
+        columnwise = columnwise or bool(options.get("hadamard"))
+        cols = 16 * rng.choice([rng.randint(1, 64), rng.randint(1, 700), rng.randint(900, 1100)])
+        rows = rng.choice([0, rng.randint(1, 300), rng.randint(1, 4000)])
+        if columnwise or block == (16, 16):
+            rows = rows // 16 * 16
+        elem = torch.empty(0, dtype=dtype).element_size()
+        pad = rng.choice([0, 0, 16 // elem * rng.randint(1, 8)])  # rows that start 16 bytes apart, wider than x
+        x = _data(rng, rows, cols, dtype, pad)
+        gpu_state, ref_state = _states(rng, options)
+        kwargs = dict(scaling=scaling, block=block, rowwise=rowwise, columnwise=columnwise, **options)
+        case = f"quantize {tuple(x.shape)} row stride {x.stride(0)} {dtype} {kwargs}"
+        _same_copies(fp4gen.quantize(x, **kwargs, **gpu_state),
+                     fp4gen.quantize(x, backend="reference", **kwargs, **ref_state), case)
+
+
+def _operand(rng, rows, k):
+    x = _data(rng, rows, k, rng.choice([torch.bfloat16, torch.float32]))
+    scaling = rng.choice(["row", "tensor"])
+    options = rng.choice([{}, {}, dict(four_over_six="mae")])
+    if rows % 16 == 0 and rng.random() < 0.3:  # the columnwise copy of x.T, an operand of `rows` rows too
+        return fp4gen.quantize(x.t().contiguous(), scaling=scaling, rowwise=False, **options).columnwise
+    return fp4gen.quantize(x, scaling=scaling, columnwise=False, **options).rowwise
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_gemms_match_float64(seed):
+    rng = random.Random(seed)
+    for _ in range(4):
+        m = rng.choice([rng.randint(1, 40), rng.randint(1, 300), rng.randint(200, 5000)])
+        n = rng.choice([rng.randint(1, 300), rng.randint(16, 4000)])
+        k = 16 * rng.choice([rng.randint(1, 16), rng.randint(1, 300)])
+        a, b = _operand(rng, m, k), _operand(rng, n, k)
+        out_dtype = rng.choice([torch.bfloat16, torch.float32])
+        bias = torch.randn(n, device="cuda").to(rng.choice([torch.bfloat16, torch.float32])) \
+            if rng.random() < 0.3 else None
+        want = _f64(a) @ _f64(b).t() + (bias.double() if bias is not None else 0)
+        out = None
+        if rng.random() < 0.2:
+            out = torch.randn(m, n, device="cuda").to(out_dtype)
+            want = want + out.double()
+        case = (f"gemm {m}x{n}x{k} a row-scaled {a.row_scaled} e4m3_max {a.e4m3_max}, b row-scaled {b.row_scaled} "
+                f"e4m3_max {b.e4m3_max}, {out_dtype}, bias {bias is not None}, accumulate {out is not None}")
+        d = fp4gen.gemm(a, b, out_dtype=out_dtype, out=out, accumulate=out is not None, bias=bias)
+        assert d.shape == (m, n) and d.dtype == out_dtype, case
+        assert torch.isfinite(d).all(), case
+        err = _rel(d, want)
+        assert err < (1e-2 if out_dtype == torch.bfloat16 else 1e-5), f"{case}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_grouped_quantize_calls_equal_reference(seed):
+    rng = random.Random(seed)
+    for _ in range(4):
+        dtype = rng.choice([torch.bfloat16, torch.float16, torch.float32])
+        options = dict(rng.choice(OPTIONS))
+        scaling = rng.choice(["row", "tensor"])
+        k = 16 * rng.randint(1, 200)
+        if rng.random() < 0.3:  # stacked expert weights
+            experts, n = rng.randint(1, 12), 16 * rng.randint(0, 40)
+            x = torch.stack([_data(rng, n, k, dtype) for _ in range(experts)])
+            ends = None
+            block = rng.choice([(1, 16), (16, 16)]) if scaling == "tensor" and not options.get("hadamard") \
+                else (1, 16)
+        else:
+            tokens, groups = rng.choice([0, rng.randint(1, 3000)]), rng.randint(1, 20)
+            x = _data(rng, tokens, k, dtype)
+            ends = _ends(rng, tokens, groups)
+            block = (1, 16)
+        gpu_state, ref_state = _states(rng, options)
+        case = f"quantize_grouped {tuple(x.shape)} {dtype} {scaling} {block} {options} ends {ends}"
+        offsets = None if ends is None else torch.tensor(ends, dtype=torch.int32, device="cuda")
+        got = fp4gen.quantize_grouped(x, offsets, scaling=scaling, block=block, **options, **gpu_state)
+        want = fp4gen.quantize_grouped(x, ends, scaling=scaling, block=block, backend="reference", **options,
+                                       **ref_state)
+        _same_copies(got, want, case)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_grouped_gemms_match_float64(seed):
+    rng = random.Random(seed)
+    for _ in range(3):
+        groups, tokens = rng.randint(1, 12), rng.choice([0, rng.randint(1, 2500)])
+        ends = _ends(rng, tokens, groups)
+        offsets = torch.tensor(ends, dtype=torch.int64, device="cuda")
+        starts = [0] + ends[:-1]
+        n, k = 64 * rng.randint(1, 12), 64 * rng.randint(1, 12)
+        out_dtype = rng.choice([torch.bfloat16, torch.float32])
+        tol = 1e-2 if out_dtype == torch.bfloat16 else 1e-5
+        scaling = rng.choice(["row", "tensor"])
+        if rng.random() < 0.5:  # groups along M: tokens [T, K] times stacked weights [E, N, K]
+            x = _data(rng, tokens, k, torch.bfloat16)
+            w = torch.stack([_data(rng, n, k, torch.bfloat16) for _ in range(groups)])
+            qx = fp4gen.quantize_grouped(x, offsets, scaling=scaling, columnwise=False).rowwise
+            qw = fp4gen.quantize_grouped(w, None, scaling="tensor", block=(16, 16), columnwise=False).rowwise
+            case = f"grouped_gemm along M, {tokens} tokens x {k} -> {n}, {scaling}, {out_dtype}, ends {ends}"
+            d = fp4gen.grouped_gemm(qx, qw, offsets, out_dtype=out_dtype)
+            assert d.shape == (tokens, n), case
+            for g in range(groups):
+                if ends[g] > starts[g]:
+                    want = _f64(qx.group(g)) @ _f64(qw.group(g)).t()
+                    err = _rel(d[starts[g]:ends[g]], want)
+                    assert err < tol, f"{case}: group {g} relative error {err:.3g}"
+        else:  # groups along K: dY's and X's columnwise copies -> one [N, K] matrix a group
+            options = rng.choice([{}, dict(hadamard=True)])
+            qdy = fp4gen.quantize_grouped(_data(rng, tokens, n, torch.bfloat16), offsets, scaling=scaling,
+                                          rowwise=False, **options).columnwise
+            qx = fp4gen.quantize_grouped(_data(rng, tokens, k, torch.bfloat16), offsets, scaling=scaling,
+                                         rowwise=False, **options).columnwise
+            case = f"grouped_gemm along K, {tokens} tokens, {n} x {k}, {scaling} {options}, {out_dtype}, ends {ends}"
+            d = fp4gen.grouped_gemm(qdy, qx, offsets, out_dtype=out_dtype)
+            assert d.shape == (groups, n, k), case
+            for g in range(groups):
+                if ends[g] == starts[g]:
+                    assert torch.count_nonzero(d[g]) == 0, f"{case}: group {g} has no tokens but a nonzero result"
+                    continue
+                err = _rel(d[g], _f64(qdy.group(g)) @ _f64(qx.group(g)).t())
+                assert err < tol, f"{case}: group {g} relative error {err:.3g}"
+
