@@ -24,6 +24,27 @@ def group_ends(sizes) -> list:
     return ends
 
 
+def bit_patterns(t: torch.Tensor) -> torch.Tensor:
+    """A quantized copy's field as bit patterns, for byte-for-byte comparisons between backends: codes and scales as
+    bytes; fp32 amaxes as int32 with every NaN as one pattern (the definition makes an amax NaN, not its payload: the
+    plain amax pass gives bf16's 0x7FFF, PyTorch 0x7FC0)."""
+    if t.dtype != torch.float32:
+        return t.view(torch.uint8)
+    return torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t).view(torch.int32)
+
+
+E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def dequantize_f64(op) -> torch.Tensor:
+    """An independent float64 decode of an NVFP4Data: e2m1 * block scale * amax / (6 * e4m3_max)."""
+    lut = torch.tensor(E2M1_VALUES + [-v for v in E2M1_VALUES], dtype=torch.float64, device=op.data.device)
+    rows = op.data.shape[0]
+    codes = torch.stack((op.data & 0xF, op.data >> 4), -1).reshape(rows, -1).long()
+    values = lut[codes].reshape(rows, -1, 16) * op.scale.double().unsqueeze(-1)
+    return values.reshape(rows, -1) * op.amax.double().reshape(-1, 1) / (6 * op.e4m3_max)
+
+
 def run_check_program(tmp_path: Path, program: str, timeout: int, device_arch: str | None = None) -> list:
     """Builds tests/cuda/<program>.cu with the kernels' headers, runs it and returns its output lines; fails where
     it exits nonzero. It needs nvcc, found as build.py finds it (which raises with a hint where there is none).

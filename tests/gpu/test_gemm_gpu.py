@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import fp4gen
+from conftest import dequantize_f64
 
 pytestmark = pytest.mark.gpu
 
@@ -15,15 +16,6 @@ def rule_choices(monkeypatch):
     from fp4gen.cuda import ops
     monkeypatch.setenv("FP4GEN_AUTOTUNE", "0")
     monkeypatch.setattr(ops, "_GEMM_PLANS", {})
-E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
-
-
-def dequantize_f64(op):
-    """Independent float64 decode of an operand: e2m1 * scale * amax / 2688."""
-    lut = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64, device=op.device)
-    codes = torch.stack((op.data & 0xF, op.data >> 4), -1).reshape(op.shape[0], -1).long()
-    vals = lut[codes].reshape(op.shape[0], -1, 16) * op.scale.double().unsqueeze(-1)
-    return vals.reshape(op.shape) * op.amax.double().reshape(-1, 1) / 2688.0
 
 
 def rel_err(d, ref):

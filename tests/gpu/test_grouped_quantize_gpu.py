@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fp4gen
-from conftest import group_ends as _ends, run_without_host_sync
+from conftest import bit_patterns, group_ends as _ends, run_without_host_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -27,13 +27,6 @@ ROUTINGS = {  # group sizes
 }
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Bit patterns, every NaN amax as one pattern (the definition fixes NaN, not its payload)."""
-    if t.dtype != torch.float32:
-        return t.view(torch.uint8)
-    return torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t).view(torch.int32)
-
-
 def assert_same_as_reference(x, offsets, seed=7, **kwargs):
     gpu_kwargs, cpu_kwargs = dict(kwargs), dict(kwargs)
     if kwargs.get("rounding") == "stochastic":
@@ -50,7 +43,8 @@ def assert_same_as_reference(x, offsets, seed=7, **kwargs):
         assert a.layout == b.layout and a.row_scaled == b.row_scaled and a.e4m3_max == b.e4m3_max
         for field in ("data", "scale", "amax"):
             assert getattr(a, field).shape == getattr(b, field).shape, (copy, field)
-            assert torch.equal(_bits(getattr(a, field)).cpu(), _bits(getattr(b, field))), (copy, field)
+            assert torch.equal(bit_patterns(getattr(a, field)).cpu(), bit_patterns(getattr(b, field))), \
+                (copy, field)
         if b.padded_offsets is not None:
             assert torch.equal(a.padded_offsets.cpu(), b.padded_offsets)
     return got
@@ -201,7 +195,8 @@ def test_one_copy_of_stacked_weights(copies, option, scaling, block):
     both = fp4gen.quantize_grouped(w, None, scaling=scaling, block=block, **OPTIONS[option])
     name = "rowwise" if copies[0] else "columnwise"
     for field in ("data", "scale", "amax"):
-        assert torch.equal(_bits(getattr(getattr(got, name), field)), _bits(getattr(getattr(both, name), field)))
+        assert torch.equal(bit_patterns(getattr(getattr(got, name), field)),
+                           bit_patterns(getattr(getattr(both, name), field)))
 
 
 def test_stacked_rowwise_only_with_rows_off_the_grid():
@@ -251,8 +246,8 @@ def test_graph_replay_follows_new_offsets():
         want = fp4gen.quantize_grouped(x.cpu(), _ends(sizes), backend="reference", hadamard=True)
         for copy in ("rowwise", "columnwise"):
             for field in ("data", "scale", "amax"):
-                assert torch.equal(_bits(getattr(getattr(out, copy), field)).cpu(),
-                                   _bits(getattr(getattr(want, copy), field))), (sizes, copy, field)
+                assert torch.equal(bit_patterns(getattr(getattr(out, copy), field)).cpu(),
+                                   bit_patterns(getattr(getattr(want, copy), field))), (sizes, copy, field)
 
 
 def test_side_stream():

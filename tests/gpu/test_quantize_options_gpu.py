@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import fp4gen
+from conftest import bit_patterns
 
 pytestmark = pytest.mark.gpu
 
@@ -21,14 +22,6 @@ LAYOUTS = [("row", (1, 16)), ("tensor", (1, 16)), ("tensor", (16, 16))]
 COPIES = {"rowwise": (True, False), "columnwise": (False, True), "both": (True, True)}
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Bit patterns, with every NaN amax as one pattern: a NaN amax must be NaN on both backends, but its
-    payload is not part of the definition (the plain amax pass gives bf16's 0x7FFF, PyTorch 0x7FC0)."""
-    if t.dtype != torch.float32:
-        return t.view(torch.uint8)
-    return torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t).view(torch.int32)
-
-
 def assert_same_as_reference(x: torch.Tensor, seed=5, **kwargs):
     extra_gpu, extra_cpu = {}, {}
     if kwargs.get("rounding") == "stochastic":
@@ -41,7 +34,7 @@ def assert_same_as_reference(x: torch.Tensor, seed=5, **kwargs):
         if a is None:
             continue
         for field in ("data", "scale", "amax"):
-            assert torch.equal(_bits(getattr(a, field)).cpu(), _bits(getattr(b, field))), (copy, field)
+            assert torch.equal(bit_patterns(getattr(a, field)).cpu(), bit_patterns(getattr(b, field))), (copy, field)
         assert a.e4m3_max == b.e4m3_max
     if "rng" in extra_gpu:
         assert extra_gpu["rng"].offset.item() == 2  # advanced on the device

@@ -9,20 +9,13 @@ import pytest
 import torch
 
 import fp4gen
+from conftest import bit_patterns, dequantize_f64
 
 pytestmark = pytest.mark.gpu
 
-E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 OPTIONS = [{}, dict(rounding="stochastic"), dict(hadamard=True), dict(rounding="stochastic", hadamard=True),
            dict(four_over_six="mae"), dict(four_over_six="mse"), dict(four_over_six="mse", hadamard=True)]
 SEEDS = range(12)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Bit patterns, every NaN amax as one pattern (the definition fixes NaN, not its payload)."""
-    if t.dtype != torch.float32:
-        return t.view(torch.uint8)
-    return torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t).view(torch.int32)
 
 
 def _same_copies(got, want, case):
@@ -33,18 +26,9 @@ def _same_copies(got, want, case):
             continue
         assert a.e4m3_max == b.e4m3_max, f"{case}: {copy}.e4m3_max"
         for field in ("data", "scale", "amax"):
-            x, y = _bits(getattr(a, field)), _bits(getattr(b, field))
+            x, y = bit_patterns(getattr(a, field)), bit_patterns(getattr(b, field))
             assert x.shape == y.shape, f"{case}: {copy}.{field} shape {tuple(x.shape)} against {tuple(y.shape)}"
             assert torch.equal(x, y), f"{case}: {copy}.{field} differs in {(x != y).sum().item()} of {x.numel()}"
-
-
-def _f64(op) -> torch.Tensor:
-    """An independent float64 decode of an operand: e2m1 * scale * amax / (6 * e4m3_max)."""
-    lut = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64, device=op.data.device)
-    rows = op.data.shape[0]
-    codes = torch.stack((op.data & 0xF, op.data >> 4), -1).reshape(rows, -1).long()
-    values = lut[codes].reshape(rows, -1, 16) * op.scale.double().unsqueeze(-1)
-    return values.reshape(rows, -1) * op.amax.double().reshape(-1, 1) / (6 * op.e4m3_max)
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -129,7 +113,7 @@ def test_random_gemms_match_float64(seed):
         out_dtype = rng.choice([torch.bfloat16, torch.float32])
         bias = torch.randn(n, device="cuda").to(rng.choice([torch.bfloat16, torch.float32])) \
             if rng.random() < 0.3 else None
-        want = _f64(a) @ _f64(b).t() + (bias.double() if bias is not None else 0)
+        want = dequantize_f64(a) @ dequantize_f64(b).t() + (bias.double() if bias is not None else 0)
         out = None
         if rng.random() < 0.2:
             out = torch.randn(m, n, device="cuda").to(out_dtype)
@@ -193,7 +177,7 @@ def test_random_grouped_gemms_match_float64(seed):
             assert d.shape == (tokens, n), case
             for g in range(groups):
                 if ends[g] > starts[g]:
-                    want = _f64(qx.group(g)) @ _f64(qw.group(g)).t()
+                    want = dequantize_f64(qx.group(g)) @ dequantize_f64(qw.group(g)).t()
                     err = _rel(d[starts[g]:ends[g]], want)
                     assert err < tol, f"{case}: group {g} relative error {err:.3g}"
         else:  # groups along K: dY's and X's columnwise copies -> one [N, K] matrix a group
@@ -209,6 +193,6 @@ def test_random_grouped_gemms_match_float64(seed):
                 if ends[g] == starts[g]:
                     assert torch.count_nonzero(d[g]) == 0, f"{case}: group {g} has no tokens but a nonzero result"
                     continue
-                err = _rel(d[g], _f64(qdy.group(g)) @ _f64(qx.group(g)).t())
+                err = _rel(d[g], dequantize_f64(qdy.group(g)) @ dequantize_f64(qx.group(g)).t())
                 assert err < tol, f"{case}: group {g} relative error {err:.3g}"
 
