@@ -2,7 +2,8 @@
 rows wide enough for several row-pass CTAs), every dtype, option, scaling, block and copy, row strides wider than
 the rows, skewed and empty routings. Each case is checked as the fixed-shape tests check theirs: quantization
 byte for byte against the reference backend, and GEMMs against a float64 product of the dequantized operands
-(allowing for an fp32 sum's rounding). A failure names its case."""
+(allowing for an fp32 sum's rounding). Linear and GroupedLinear steps with random recipes, token counts and
+input ranks are compared with the same steps on the CPU (the reference backend). A failure names its case."""
 import random
 
 import pytest
@@ -16,6 +17,9 @@ pytestmark = pytest.mark.gpu
 OPTIONS = [{}, dict(rounding="stochastic"), dict(hadamard=True), dict(rounding="stochastic", hadamard=True),
            dict(four_over_six="mae"), dict(four_over_six="mse"), dict(four_over_six="mse", hadamard=True)]
 SEEDS = range(12)
+RECIPES = [dict(), dict(stochastic_rounding=True), dict(gradient_scaling="row"), dict(hadamard_wgrad=False),
+           dict(weight_block=(1, 16)), dict(four_over_six="all"), dict(row_scaled_activation=False),
+           dict(gradient_scaling="row", stochastic_rounding=True)]
 
 
 def _same_copies(got, want, case):
@@ -202,3 +206,67 @@ def test_random_grouped_gemms_match_float64(seed):
                 _assert_product(d[g], dequantize_f64(qdy.group(g)), dequantize_f64(qx.group(g)), tol=tol,
                                 case=f"{case}: group {g}")
 
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double().cpu(), want.double().cpu()
+    return ((got - want).norm() / want.norm().clamp_min(1e-300)).item()
+
+
+def _layer_steps(cpu_layer, gpu_layer, x, dy, *args):
+    """(y, dx, dw, db) of a forward and backward of each layer, the random state of each device reset alike."""
+    results = []
+    for layer, device in ((cpu_layer, "cpu"), (gpu_layer, "cuda")):
+        fp4gen.RNGState.default(torch.device(device)).reset(1234)
+        xi = x.to(device, copy=True).requires_grad_()  # a copy on the CPU too: x itself never requires grad
+        y = layer(xi, *(a.to(device) for a in args))
+        y.backward(dy.to(device))
+        results.append([y, xi.grad, layer.weight.grad] + ([layer.bias.grad] if layer.bias is not None else []))
+    return results
+
+
+def _assert_close_steps(cpu, gpu, case):
+    for name, want, got in zip(("y", "dx", "dw", "db"), cpu, gpu):
+        assert got.shape == want.shape and got.dtype == want.dtype, f"{case}: {name}"
+        assert torch.isfinite(got).all(), f"{case}: {name} is not finite"
+        if want.numel() == 0 or not want.any():
+            assert not got.any(), f"{case}: {name} should be zeros"
+            continue
+        err = _rel(got, want)
+        assert err < 2e-2, f"{case}: {name} relative difference {err:.3g}"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_linear_steps_match_the_cpu(seed):
+    rng = random.Random(seed)
+    for _ in range(2):
+        fin, fout = 16 * rng.randint(1, 40), 16 * rng.randint(1, 40)
+        tokens = rng.choice([0, rng.randint(1, 40), rng.randint(1, 700)])
+        dtype = rng.choice([torch.bfloat16, torch.float32])
+        recipe = fp4gen.Recipe(**rng.choice(RECIPES))
+        bias = rng.random() < 0.5
+        torch.manual_seed(rng.randrange(1 << 30))
+        cpu = fp4gen.nn.Linear(fin, fout, bias=bias, recipe=recipe, dtype=dtype)
+        gpu = fp4gen.nn.Linear(fin, fout, bias=bias, recipe=recipe, dtype=dtype, device="cuda")
+        gpu.load_state_dict(cpu.state_dict())
+        shape = (tokens, fin) if rng.random() < 0.5 else (2, tokens, fin)
+        x, dy = torch.randn(*shape, dtype=dtype) * 3, torch.randn(*shape[:-1], fout, dtype=dtype)
+        cpu_out, gpu_out = _layer_steps(cpu, gpu, x, dy)
+        _assert_close_steps(cpu_out, gpu_out, f"Linear {shape} -> {fout} {dtype} bias {bias} {recipe}")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_grouped_linear_steps_match_the_cpu(seed):
+    rng = random.Random(seed)
+    groups, fin, fout = rng.randint(1, 10), 64 * rng.randint(1, 6), 64 * rng.randint(1, 6)
+    tokens = 0 if rng.random() < 0.2 else rng.randint(1, 1500)
+    ends = _ends(rng, tokens, groups)
+    recipe = fp4gen.Recipe(**rng.choice(RECIPES[:4]))
+    bias = rng.random() < 0.5
+    torch.manual_seed(rng.randrange(1 << 30))
+    cpu = fp4gen.nn.GroupedLinear(groups, fin, fout, bias=bias, recipe=recipe, dtype=torch.bfloat16)
+    gpu = fp4gen.nn.GroupedLinear(groups, fin, fout, bias=bias, recipe=recipe, dtype=torch.bfloat16, device="cuda")
+    gpu.load_state_dict(cpu.state_dict())
+    x, dy = torch.randn(tokens, fin, dtype=torch.bfloat16) * 2, torch.randn(tokens, fout, dtype=torch.bfloat16)
+    cpu_out, gpu_out = _layer_steps(cpu, gpu, x, dy, torch.tensor(ends))
+    _assert_close_steps(cpu_out, gpu_out, f"GroupedLinear {groups} x {fin} -> {fout}, {tokens} tokens, bias {bias}, "
+                                          f"{recipe}, ends {ends}")
