@@ -36,6 +36,12 @@ def bit_patterns(t: torch.Tensor) -> torch.Tensor:
 E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Frobenius-norm relative error of got against want, in float64 on the CPU."""
+    got, want = got.double().cpu(), want.double().cpu()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
 def dequantize_f64(op) -> torch.Tensor:
     """An independent float64 decode of an NVFP4Data: e2m1 * block scale * amax / (6 * e4m3_max)."""
     lut = torch.tensor(E2M1_VALUES + [-v for v in E2M1_VALUES], dtype=torch.float64, device=op.data.device)

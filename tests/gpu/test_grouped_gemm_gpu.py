@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fp4gen
-from conftest import group_ends, run_without_host_sync
+from conftest import group_ends, relative_error, run_without_host_sync
 
 pytestmark = pytest.mark.gpu
 
@@ -30,11 +30,6 @@ ROUTINGS = {
     "single": [77],
     "tiny-groups": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16],
 }
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.double().cpu(), want.double().cpu()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def operands(routing, k=192, n=128, x_scaling="row", w_block=(16, 16), seed=0):
@@ -66,7 +61,7 @@ def check(a, b, offsets, out_dtype, **kwargs):
     assert got.shape == want.shape and got.dtype == out_dtype
     assert torch.isfinite(got).all()
     tolerance = 1e-2 if out_dtype == torch.bfloat16 else 1e-5
-    assert rel_err(got, want) < tolerance
+    assert relative_error(got, want) < tolerance
     return got, want
 
 
@@ -115,7 +110,7 @@ def test_wgrad_accumulates_into_main_grad_and_fprop_adds_bias():
     assert got is main_grad
     want = fp4gen.grouped_gemm(on_cpu(gdy.columnwise), on_cpu(gx.columnwise), offsets.cpu(), out_dtype=torch.float32,
                                backend="reference")
-    assert rel_err(main_grad - before, want) < 1e-5
+    assert relative_error(main_grad - before, want) < 1e-5
     assert torch.equal(main_grad[0], before[0]) and torch.equal(main_grad[2], before[2])  # empty experts
     bias = torch.randn(e, n, device="cuda")
     check(gx.rowwise, gw.rowwise, offsets, torch.bfloat16, bias=bias)

@@ -5,15 +5,10 @@ import pytest
 import torch
 
 import fp4gen
-from conftest import group_ends, run_without_host_sync
+from conftest import group_ends, relative_error, run_without_host_sync
 from test_grouped import UNKEPT_RECIPES, check_a_grouped_layer_that_keeps_no_quantized_weight
 
 pytestmark = pytest.mark.gpu
-
-
-def rel_err(got, want):
-    got, want = got.double().cpu(), want.double().cpu()
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
 def pair(experts=4, inp=128, out=192, bias=True, recipe=None, dtype=torch.bfloat16):
@@ -39,10 +34,10 @@ def test_forward_backward_match_the_reference_backend(sizes, recipe):
     yc = cpu(xc, ends)
     yg.backward(dy.cuda())
     yc.backward(dy)
-    assert rel_err(yg, yc) < 1e-2
-    assert rel_err(xg.grad, xc.grad) < 1e-2
-    assert rel_err(gpu.weight.grad, cpu.weight.grad) < 1e-2
-    assert rel_err(gpu.bias.grad, cpu.bias.grad) < 1e-2
+    assert relative_error(yg, yc) < 1e-2
+    assert relative_error(xg.grad, xc.grad) < 1e-2
+    assert relative_error(gpu.weight.grad, cpu.weight.grad) < 1e-2
+    assert relative_error(gpu.bias.grad, cpu.bias.grad) < 1e-2
     for e, size in enumerate(sizes):
         if size == 0:
             assert not gpu.weight.grad[e].any() and not gpu.bias.grad[e].any()
@@ -122,7 +117,7 @@ def test_torch_compile_fullgraph_step_matches_eager():
         outs.append(y)
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(eager.weight.grad, compiled_layer.weight.grad)
-    assert rel_err(compiled_layer.bias.grad, eager.bias.grad) < 1e-5  # index_add_: any order of additions
+    assert relative_error(compiled_layer.bias.grad, eager.bias.grad) < 1e-5  # index_add_: any order of additions
 
 
 @pytest.mark.parametrize("recipe", UNKEPT_RECIPES)

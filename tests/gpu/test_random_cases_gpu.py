@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fp4gen
-from conftest import bit_patterns, dequantize_f64
+from conftest import bit_patterns, dequantize_f64, relative_error
 
 pytestmark = pytest.mark.gpu
 
@@ -207,11 +207,6 @@ def test_random_grouped_gemms_match_float64(seed):
                                 case=f"{case}: group {g}")
 
 
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.double().cpu(), want.double().cpu()
-    return ((got - want).norm() / want.norm().clamp_min(1e-300)).item()
-
-
 def _layer_steps(cpu_layer, gpu_layer, x, dy, *args):
     """(y, dx, dw, db) of a forward and backward of each layer, the random state of each device reset alike."""
     results = []
@@ -231,7 +226,7 @@ def _assert_close_steps(cpu, gpu, case):
         if want.numel() == 0 or not want.any():
             assert not got.any(), f"{case}: {name} should be zeros"
             continue
-        err = _rel(got, want)
+        err = relative_error(got, want)
         assert err < 2e-2, f"{case}: {name} relative difference {err:.3g}"
 
 
