@@ -172,6 +172,23 @@ def test_stacked_weights_in_dealt_units_equal_each_dense_slice(dtype):
             assert torch.equal(a.amax[e : e + 1], b.amax.reshape(1)), (e, copy)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block", [(16, 16), (1, 16)], ids=["16x16", "1x16"])
+def test_stacked_weights_of_whole_units_in_one_grid(dtype, block):
+    """Experts whose rows are whole units of the plain quantize kernel (256 rows, 128 with fp32 input) are quantized
+    as one tensor whose units the CTAs take in turn across experts, so a CTA's units change expert: each must take
+    its own expert's amax and write its own expert's columnwise copy. 40 experts of amaxes 2^-6 .. 2^6, some with
+    two units of rows, 208 columns (a partial tile column), one expert with a NaN, against the reference."""
+    unit_rows = 256 if dtype.itemsize == 2 else 128
+    torch.manual_seed(8)
+    for rows in (unit_rows, 2 * unit_rows):
+        scales = torch.exp2(torch.linspace(-6, 6, 40, device="cuda")).view(-1, 1, 1)
+        w = (torch.randn(40, rows, 208, device="cuda") * scales).to(dtype)
+        w[17, 3, 5] = float("nan")
+        got = assert_same_as_reference(w, None, scaling="tensor", block=block)
+        assert torch.isnan(got.rowwise.amax.cpu()).nonzero().flatten().tolist() == [17]
+
+
 def test_nan_in_a_stacked_weight_stays_in_its_group():
     w = torch.randn(4, 64, 128, device="cuda", dtype=torch.bfloat16)
     w[2, 5, 9] = float("nan")

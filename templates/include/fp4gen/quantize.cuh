@@ -160,6 +160,9 @@ struct QuantTokenGroups {
   const int64_t* padded_ends;  // [groups] cumulative padded ends
   int64_t groups, tokens;
   bool per_token;  // amaxes per token and per (group, column); else one a group
+  // Stacked matrices in one flat grid (quantize_kernel's kStackedFlat, quantize_grouped's stacked weights): the
+  // rows of each matrix. Unused otherwise.
+  int64_t matrix_rows;
 };
 
 // The tokens of one tile row of the padded row space.
@@ -325,8 +328,14 @@ __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, in
 // the rowwise copy draws at the offset, the columnwise copy at the offset + 1, as quantize_options does.
 // kGrouped: grouped tokens (see QuantTokenGroups; rows is the padded row count), row scaling's machinery carrying
 // each tile's group's amaxes; otherwise token_groups is unused.
+// kStackedFlat: stacked matrices of token_groups.matrix_rows rows each (a multiple of a unit's rows), quantized as
+// one [rows, cols] tensor whose units the CTAs take in turn across matrices (grid y = 1); each unit takes its
+// matrix's amaxes (tensor scaling) and writes its columnwise outputs to its matrix's copy, which follows the one
+// before it. (With one grid row a matrix, each CTA working through its own matrix's units, the stacked quantize
+// kernel took 6-13% more time an element than a dense one; in one grid Qwen3-30B-A3B's FC1 experts took 858 us
+// instead of 970, a dense tensor's time: bench/RESULTS.md, 2026-12-07, H100.)
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt, bool kHadamard,
-          bool kStochastic, bool kGrouped = false>
+          bool kStochastic, bool kGrouped = false, bool kStackedFlat = false>
 __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     quantize_kernel(const InT* __restrict__ x, int64_t x_row_stride, int64_t rows, int64_t cols,
                     const float* __restrict__ row_amax, const float* __restrict__ col_amax,
@@ -336,6 +345,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   using L = QuantLane<InT>;
   static_assert(!kGrouped || (kRowScaled && !k2D && kGroupPadRows % L::kTileRows == 0),
                 "grouped tokens: per-tile amaxes through row scaling, 1x16 blocks, tile rows within a group");
+  static_assert(!kStackedFlat || (!kRowScaled && !kGrouped && !kStochastic && !kHadamard),
+                "stacked matrices in a flat grid: tensor scaling, round to nearest, no transform");
   const int64_t matrix = blockIdx.y;
   x += matrix * rows * x_row_stride;
   if (row_amax != nullptr) row_amax += matrix * (kRowScaled ? rows : 1);
@@ -409,7 +420,9 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // (read from the launch's constants where used: a register held for it made ptxas spill in the per-tensor kernel)
   auto unit_step = [&]() { return kAfterRowPass || (kMayDeal && units_dealt_arg) ? static_cast<int>(gridDim.x) : 1; };
   const int64_t row_data_pitch = cols / 2, row_scale_pitch = cols / 16;
-  const int64_t col_data_pitch = rows / 2, col_scale_pitch = rows / 16;
+  // (a stacked matrix's columnwise copy is [cols, its rows])
+  const int64_t col_rows = kStackedFlat ? token_groups.matrix_rows : rows;
+  const int64_t col_data_pitch = col_rows / 2, col_scale_pitch = col_rows / 16;
 
   // how many of the 16 rows from row0 on lie inside the tensor (so per-row tests are 32-bit)
   auto rows_inside = [&](int64_t row0) { return static_cast<int>(std::max<int64_t>(std::min<int64_t>(rows - row0, 16), 0)); };
@@ -432,12 +445,15 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // (callers pass the tensor's amax for both); the transpose costs about half an instruction a code against the
   // seven or so of encoding it again, and took the 16-bit kernels' spills away (ptxas: 104 and 48 bytes to 0).
   constexpr bool kTransposeCodes = k2D && kRowwise && kColwise;
-  if constexpr (!kRowScaled) {
+  // matrix m's amaxes (tensor scaling: kStackedFlat's matrix m, else the grid row's matrix, m = 0)
+  auto load_tensor_globals = [&](int64_t m) {
     const float* col_amax_source = kTransposeCodes ? row_amax : col_amax;
-    if (kRowwise) tensor_row_global = global_scale(row_amax[0]), rows_special = special(row_amax[0], tensor_row_global);
+    if (kRowwise) tensor_row_global = global_scale(row_amax[m]), rows_special = special(row_amax[m], tensor_row_global);
     if (kColwise)
-      tensor_col_global = global_scale(col_amax_source[0]), cols_special = special(col_amax_source[0], tensor_col_global);
-  }
+      tensor_col_global = global_scale(col_amax_source[m]), cols_special = special(col_amax_source[m], tensor_col_global);
+  };
+  if constexpr (!kRowScaled) load_tensor_globals(0);
+  [[maybe_unused]] int64_t flat_matrix = 0;  // kStackedFlat: the matrix whose amaxes are loaded
 
   // Whether an output's 16-byte pieces (its scales' kColScaleBytes pieces) are aligned wherever they start:
   // then whole tiles leave with plain vector stores and no per-piece tests.
@@ -613,6 +629,10 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   if (kRowScaled && first_unit < end_unit) load_amaxes(tm, tk, true, tile_rows), publish_global_scales(true, true);
   while (unit < end_unit) {
     const int64_t m0 = int64_t{tm} * L::kTileRows, k0 = int64_t{tk} * kQuantTileCols;
+    if constexpr (kStackedFlat) {  // a unit's tile rows lie in one matrix (matrix_rows: whole units)
+      if (m0 < flat_matrix * col_rows || m0 >= (flat_matrix + 1) * col_rows)
+        flat_matrix = m0 / col_rows, load_tensor_globals(flat_matrix);
+    }
     const bool unit_ends = tk + 1 == unit_end_tk(unit);
     const int next_unit = unit_ends ? unit + unit_step() : unit;
     const int next_tm = unit_ends ? unit_tm(next_unit) : tm, next_tk = unit_ends ? unit_first_tk(next_unit) : tk + 1;
@@ -839,12 +859,15 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     // the CTA's columnwise outputs of this tile column leave together
     if constexpr (kColwise) {
       __syncthreads();
-      const int64_t cta_m0 = m0 - int64_t{warp} * L::kTileRows;
+      // the CTA's first row within its matrix, and that matrix's columnwise copy
+      const int64_t cta_m0 = m0 - int64_t{warp} * L::kTileRows - (kStackedFlat ? flat_matrix * col_rows : 0);
+      uint8_t* const col_codes_out = kStackedFlat ? col_data + flat_matrix * cols * col_data_pitch : col_data;
+      uint8_t* const col_scales_out = kStackedFlat ? col_scale + flat_matrix * cols * col_scale_pitch : col_scale;
       if (col_data_vec && k0 + kQuantTileCols <= cols && cta_m0 / 2 + kColCodeBytes <= col_data_pitch) {
         // whole: thread t stores piece t % kColCodePieces of columns t / kColCodePieces + kColsPerPass * k
         constexpr int kColsPerPass = kQuantThreads / kColCodePieces;
         const int c = threadIdx.x / kColCodePieces, piece = threadIdx.x % kColCodePieces;
-        uint8_t* d = col_data + (k0 + c) * col_data_pitch + cta_m0 / 2 + 16 * piece;
+        uint8_t* d = col_codes_out + (k0 + c) * col_data_pitch + cta_m0 / 2 + 16 * piece;
 #pragma unroll
         for (int k = 0; k < kQuantTileCols / kColsPerPass; ++k) {
           const int col = c + k * kColsPerPass;
@@ -857,7 +880,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
           const int col = id / kColCodePieces, piece = id % kColCodePieces;
           const int64_t offset = cta_m0 / 2 + 16 * piece;
           if (k0 + col < cols && offset < col_data_pitch)
-            store_piece<16, kAfterRowPass>(col_data + (k0 + col) * col_data_pitch + offset,
+            store_piece<16, kAfterRowPass>(col_codes_out + (k0 + col) * col_data_pitch + offset,
                                            &col_code_stage[col][col_code_piece(col, piece) * 16],
                                            static_cast<int>(std::min<int64_t>(col_data_pitch - offset, 16)));
         }
@@ -866,11 +889,11 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
         const int64_t offset = cta_m0 / 16;
         if (col_scale_vec && k0 + kQuantTileCols <= cols && offset + kColScaleBytes <= col_scale_pitch) {
           using Piece = std::conditional_t<kColScaleBytes == 16, uint4, uint2>;
-          store_output<kAfterRowPass>(reinterpret_cast<Piece*>(col_scale + (k0 + col) * col_scale_pitch + offset),
+          store_output<kAfterRowPass>(reinterpret_cast<Piece*>(col_scales_out + (k0 + col) * col_scale_pitch + offset),
                                       *reinterpret_cast<const Piece*>(&col_scale_stage[col][0]));
         } else if (k0 + col < cols && offset < col_scale_pitch) {
           store_piece<kColScaleBytes, kAfterRowPass>(
-              col_scale + (k0 + col) * col_scale_pitch + offset, &col_scale_stage[col][0],
+              col_scales_out + (k0 + col) * col_scale_pitch + offset, &col_scale_stage[col][0],
               static_cast<int>(std::min<int64_t>(col_scale_pitch - offset, kColScaleBytes)));
         }
       }
@@ -928,13 +951,14 @@ int quantize_can_implement(const void* x, int64_t x_row_stride, int64_t rows, in
 // Launches quantize_kernel over rows x cols (a checked problem with work), as the programmatic dependent of the
 // kernel before it on `stream` (the kernel waits for it before it reads the amaxes).
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHadamard, bool kStochastic,
-          bool kHardwareCvt, bool kGrouped = false>
+          bool kHardwareCvt, bool kGrouped = false, bool kStackedFlat = false>
 int launch_quantize_kernel(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax,
                            const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data,
                            uint8_t* col_scale, const int64_t* rng_state, const QuantTokenGroups& token_groups,
                            cudaStream_t stream) {
   constexpr auto kernel =
-      quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHardwareCvt, kHadamard, kStochastic, kGrouped>;
+      quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHardwareCvt, kHadamard, kStochastic, kGrouped,
+                      kStackedFlat>;
   int device = 0, sms = 0, per_sm = 0;
   if (!current_device_multiprocessors(&device, &sms) || !cached_occupancy<kernel>(device, kQuantThreads, 0, &per_sm))
     return launch_status();

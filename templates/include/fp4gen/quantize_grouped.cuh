@@ -14,7 +14,7 @@
 //
 // Stacked weights are quantized as the dense kernels quantize a matrix (a group is one). Scaled per group, both
 // copies, rounded to nearest with no other option (the weights' recipe): stacked_amax_kernel, then the plain
-// quantize kernel (quantize.cuh) over all groups in one grid, one matrix a grid row. Any other options:
+// quantize kernel (quantize.cuh) over all groups in one grid (launch_stacked_plain). Any other options:
 // stacked_encode_kernel, which tiles each group as quantize_options does, after stacked_amax_kernel (per-group
 // amaxes without the transform) or the padded-row-space amax pass below (grouped_amax_kernel).
 //
@@ -637,16 +637,27 @@ void launch_encode(const GroupedQuantizeArgs& a, dim3 grid, cudaStream_t stream,
   }
 }
 
-// Stacked weights in the plain quantize kernel: one grid row a group (quantize_kernel's matrices), the CTAs of a
-// full grid shared out between the groups, each group's units dealt to its CTAs where quant_units_dealt says so;
-// the programmatic dependent of stacked_amax_kernel.
+// Stacked weights in the plain quantize kernel, the programmatic dependent of stacked_amax_kernel. Where each
+// group's rows are whole units, as one [groups * group_rows, cols] tensor (kStackedFlat: the dense tensor's grid and
+// schedule, each unit taking its group's amaxes and columnwise copy); otherwise one grid row a group (quantize_kernel's
+// matrices), the CTAs of a full grid shared out between the groups, each group's units dealt to its CTAs where
+// quant_units_dealt says so.
 template <class InT, bool kHardwareCvt, bool k2D>
 int launch_stacked_plain(const GroupedQuantizeArgs& a, int64_t group_rows, cudaStream_t stream) {
+  constexpr int64_t kRowsPerUnit = QuantLane<InT>::kTileRows * kQuantWarps, kUnitCols = kUnitTiles * kQuantTileCols;
+  const int64_t flat_tiles = a.groups * group_rows / QuantLane<InT>::kTileRows * quant_tiles_k(a.cols);
+  if (group_rows % kRowsPerUnit == 0 && flat_tiles <= kMaxQuantTiles) {  // (tile indices are 32-bit)
+    QuantTokenGroups matrices{};
+    matrices.matrix_rows = group_rows;
+    return launch_quantize_kernel<InT, true, true, false, k2D, false, false, kHardwareCvt, false, true>(
+        a.x, a.x_row_stride, a.groups * group_rows, a.cols, static_cast<const float*>(a.row_amax),
+        static_cast<const float*>(a.col_amax), a.row_data, a.row_scale, a.col_data, a.col_scale, nullptr, matrices,
+        stream);
+  }
   constexpr auto kernel = quantize_kernel<InT, true, true, false, k2D, kHardwareCvt, false, false>;
   int device = 0, sms = 0, per_sm = 0;
   if (!current_device_multiprocessors(&device, &sms) || !cached_occupancy<kernel>(device, kQuantThreads, 0, &per_sm))
     return launch_status();
-  constexpr int64_t kRowsPerUnit = QuantLane<InT>::kTileRows * kQuantWarps, kUnitCols = kUnitTiles * kQuantTileCols;
   const int64_t units = (group_rows + kRowsPerUnit - 1) / kRowsPerUnit * ((a.cols + kUnitCols - 1) / kUnitCols);
   const int64_t ctas = std::min<int64_t>(units, std::max<int64_t>(1, int64_t{sms} * std::max(per_sm, 1) / a.groups));
   return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(a.groups)),
