@@ -177,8 +177,8 @@ def test_stacked_weights_in_dealt_units_equal_each_dense_slice(dtype):
 def test_stacked_weights_of_whole_units_in_one_grid(dtype, block):
     """Experts whose rows are whole units of the plain quantize kernel (256 rows, 128 with fp32 input) are quantized
     as one tensor whose units the CTAs take in turn across experts, so a CTA's units change expert: each must take
-    its own expert's amax and write its own expert's columnwise copy. 40 experts of amaxes 2^-6 .. 2^6, some with
-    two units of rows, 208 columns (a partial tile column), one expert with a NaN, against the reference."""
+    its own expert's amax and write its own expert's columnwise copy. 40 experts of amaxes 2^-6 .. 2^6, of one unit
+    of rows and then of two, 208 columns (a partial tile column), one expert with a NaN, against the reference."""
     unit_rows = 256 if dtype.itemsize == 2 else 128
     torch.manual_seed(8)
     for rows in (unit_rows, 2 * unit_rows):
