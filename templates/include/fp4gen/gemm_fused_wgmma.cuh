@@ -143,6 +143,15 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t
 // (two stores a thread) was slower still (bench/RESULTS.md, 2026-12-03).
 constexpr int kDequantRowsPerIter = 4, kDequantThreads = 256;
 
+// The element orders of A's fp16 copy within each 64-element k-tile (eight code words, word i holding elements
+// 8i .. 8i + 7; "pair s of word i" is elements 8i + s and 8i + s + 4 as one fp16x2, decode8's word s):
+//  - kChunks: word i's four pairs in order, as one 16-byte chunk at byte 16i (decode8's order; the layout of
+//    every fp16 operand but gemm_packed_rs's A);
+//  - kSteps: wgmma k16 step s's 32 bytes at byte 32s hold pair s of words 0, 2, 4, 6, 1, 3, 5, 7, so that the
+//    thread of gemm_packed_rs whose fragment takes positions 2q, 2q + 1 and 2q + 8, 2q + 9 of every step finds
+//    there pair s of words 2q and 2q + 1: the two whole words of one block of its row (gemm_packed_rs.cuh).
+enum class HalfOrder { kChunks, kSteps };
+
 // One operand's rows for dequantize_rows_kernel: `rows` rows of codes (ld bytes apart) and scales (ld_scale
 // apart), into fp16 rows at `half`.
 struct HalfRows {
@@ -154,8 +163,8 @@ struct HalfRows {
 
 // kStacked: grid.z walks groups of first.rows rows of `first` (group g's codes and scales group_stride and
 // scale_group_stride bytes after group g - 1's); else grid.z picks the operand, `first` or `second` (two
-// operands of the same k in one launch).
-template <bool kStacked>
+// operands of the same k in one launch). kOrder: the fp16 elements' order within each k-tile (HalfOrder).
+template <bool kStacked, HalfOrder kOrder = HalfOrder::kChunks>
 __global__ void __launch_bounds__(kDequantThreads) dequantize_rows_kernel(HalfRows first, HalfRows second, int64_t k,
                                                                          int64_t group_stride,
                                                                          int64_t scale_group_stride) {
@@ -174,7 +183,11 @@ __global__ void __launch_bounds__(kDequantThreads) dequantize_rows_kernel(HalfRo
   }
   const uint8_t* const codes = op.codes + chunk * 4;
   const uint8_t* const scales = op.scales + chunk / 2;
-  uint8_t* const half = op.half + chunk * 16;
+  // where the chunk's first pair goes: its own 16 bytes (kChunks), or, for word i = chunk % 8 of a k-tile, byte
+  // 4 (i / 2 + 4 (i % 2)) of the k-tile's first step, pair s 32s bytes on (kSteps)
+  const int word = static_cast<int>(chunk % 8);
+  uint8_t* const half =
+      op.half + (kOrder == HalfOrder::kChunks ? chunk * 16 : (chunk - word) * 16 + 4 * (word / 2 + 4 * (word % 2)));
   const int64_t rows = op.rows, ld = op.ld, ld_scale = op.ld_scale;
   const int64_t row_step = blockDim.y, iter_step = static_cast<int64_t>(gridDim.x) * blockDim.y * kDequantRowsPerIter;
   for (int64_t first_row = static_cast<int64_t>(blockIdx.x) * blockDim.y * kDequantRowsPerIter + threadIdx.y;
@@ -189,7 +202,13 @@ __global__ void __launch_bounds__(kDequantThreads) dequantize_rows_kernel(HalfRo
     for (int r = 0; r < kDequantRowsPerIter; ++r) {
       const int64_t row = first_row + r * row_step;
       if (row >= rows) break;
-      *reinterpret_cast<uint4*>(half + row * k * 2) = fused_gemm::dequantize_half_block(packed[r], scale[r]);
+      const uint4 pairs = fused_gemm::dequantize_half_block(packed[r], scale[r]);
+      if constexpr (kOrder == HalfOrder::kChunks) {
+        *reinterpret_cast<uint4*>(half + row * k * 2) = pairs;
+      } else {  // the eight threads of a k-tile fill each step's 32 bytes: a warp's stores write whole sectors
+        uint32_t* const steps = reinterpret_cast<uint32_t*>(half + row * k * 2);
+        steps[0] = pairs.x, steps[8] = pairs.y, steps[16] = pairs.z, steps[24] = pairs.w;
+      }
     }
   }
 }
@@ -198,7 +217,7 @@ __global__ void __launch_bounds__(kDequantThreads) dequantize_rows_kernel(HalfRo
 // `first` and `second` (second.rows may be 0: one operand): 256 threads or a little fewer, as many along a row
 // as it has chunks (a row wider than 256 chunks split evenly between CTAs, in whole warps), and about two waves
 // of CTAs of the current device.
-template <bool kStacked>
+template <bool kStacked, HalfOrder kOrder = HalfOrder::kChunks>
 inline void launch_dequantize_rows(const HalfRows& first, const HalfRows& second, int64_t groups, int64_t k,
                                    int64_t group_stride, int64_t scale_group_stride, cudaStream_t stream) {
   const int64_t chunks_per_row = k / 8;
@@ -218,7 +237,7 @@ inline void launch_dequantize_rows(const HalfRows& first, const HalfRows& second
     const int64_t row_ctas_wanted = std::max<int64_t>(1, sms * kCtasPerSm * kWaves / (col_ctas * operands));
     const dim3 grid(static_cast<unsigned>(std::min(row_ctas_needed, row_ctas_wanted)),
                     static_cast<unsigned>(col_ctas), static_cast<unsigned>(operands));
-    dequantize_rows_kernel<false><<<grid, block, 0, stream>>>(first, second, k, 0, 0);
+    dequantize_rows_kernel<false, kOrder><<<grid, block, 0, stream>>>(first, second, k, 0, 0);
   } else {
     for (int64_t g0 = 0; g0 < groups; g0 += kMaxGridZ) {  // grid.z walks the groups, 65535 at most a launch
       const int64_t launch_groups = std::min(groups - g0, kMaxGridZ);
@@ -227,15 +246,18 @@ inline void launch_dequantize_rows(const HalfRows& first, const HalfRows& second
                       static_cast<unsigned>(col_ctas), static_cast<unsigned>(launch_groups));
       const HalfRows from{first.codes + g0 * group_stride, first.scales + g0 * scale_group_stride, first.ld,
                           first.ld_scale, first.rows, first.half + g0 * first.rows * k * 2};
-      dequantize_rows_kernel<true><<<grid, block, 0, stream>>>(from, HalfRows{}, k, group_stride, scale_group_stride);
+      dequantize_rows_kernel<true, kOrder><<<grid, block, 0, stream>>>(from, HalfRows{}, k, group_stride,
+                                                                      scale_group_stride);
     }
   }
 }
 
 // Launches dequantize_rows_kernel over rows x k on `stream`.
+template <HalfOrder kOrder = HalfOrder::kChunks>
 inline void dequantize_rows(const uint8_t* codes, const uint8_t* scales, int64_t ld, int64_t ld_scale, int64_t rows,
                             int64_t k, uint8_t* half, cudaStream_t stream) {
-  launch_dequantize_rows<false>(HalfRows{codes, scales, ld, ld_scale, rows, half}, HalfRows{}, 1, k, 0, 0, stream);
+  launch_dequantize_rows<false, kOrder>(HalfRows{codes, scales, ld, ld_scale, rows, half}, HalfRows{}, 1, k, 0, 0,
+                                        stream);
 }
 
 // Two operands of the same k in one launch (either may have no rows).
@@ -440,7 +462,9 @@ int fused_wgmma_can_implement(FP4GEN_FUSED_GEMM_PARAMS) {
 // kKernel (params, A's fp16 rows) over BM x BN tiles with kThreads threads and kSmemBytes of dynamic shared
 // memory, then with split K the kernel that adds the partial sums. With split_in_cluster the split_k CTAs of a
 // tile run as one cluster and kKernel adds their partial sums itself (gemm_packed_rs.cuh): no second kernel.
-template <int BM, int BN, class OutT, auto kKernel, int kThreads, int kSmemBytes>
+// kOrder: the order of A's fp16 copy that kKernel reads (HalfOrder).
+template <int BM, int BN, class OutT, auto kKernel, int kThreads, int kSmemBytes,
+          fused_wgmma::HalfOrder kOrder = fused_wgmma::HalfOrder::kChunks>
 int launch_half_a_gemm(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream, bool split_in_cluster = false) {
   const int status = fused_wgmma_can_implement<BM, BN>(FP4GEN_FUSED_GEMM_ARGS);
   if (status != kOk) return status;
@@ -448,7 +472,7 @@ int launch_half_a_gemm(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream, bool split
   if (const int opted = opt_in_shared_bytes_here<kKernel>(kSmemBytes); opted != kOk) return opted;
   const fused_gemm::Params params = fused_gemm::make_params(FP4GEN_FUSED_GEMM_ARGS);
   uint8_t* const a_half = static_cast<uint8_t*>(workspace) + fused_wgmma::half_a_offset(FP4GEN_FUSED_GEMM_ARGS);
-  fused_wgmma::dequantize_rows(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
+  fused_wgmma::dequantize_rows<kOrder>(a_codes, a_scale, lda, lda_scale, m, k, a_half, stream);
   const dim3 grid(static_cast<unsigned>((n + BN - 1) / BN), static_cast<unsigned>((m + BM - 1) / BM),
                   static_cast<unsigned>(split_k));
   // The GEMM and the split-K reduction launch as programmatic dependents, each while the kernel before it runs

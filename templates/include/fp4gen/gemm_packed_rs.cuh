@@ -12,10 +12,13 @@
 // rows (dequantized once per GEMM into the workspace, as gemm_fused_wgmma.cuh).
 //
 // A tile is BM rows of A (wgmma's N) by BN rows of B (BN / 64 warp groups). The fragment of m64k16 a thread
-// holds is rows lane / 4 and lane / 4 + 8 of its warp's 16, k pairs 2 (lane % 4) and 2 (lane % 4) + 8: in
-// decode8's element order (the order of A's fp16 rows in the workspace, so the dot products are unchanged)
-// those are exactly word (lane % 4) of decode8 applied to the block's first and second code words, so a
-// thread decodes only its quarter of each word.
+// holds is rows lane / 4 and lane / 4 + 8 of its warp's 16, k pairs 2 (lane % 4) and 2 (lane % 4) + 8. Any
+// order of a k-tile's 64 elements gives the same dot products if A's fp16 rows take it too; A's copy takes
+// HalfOrder::kSteps (gemm_fused_wgmma.cuh), in which those positions of step s are pair s of decode8 (elements
+// s and s + 4) of code words 2 (lane % 4) and 2 (lane % 4) + 1 of the k-tile: one block of each row. So a thread
+// loads 8 bytes of codes and one scale a row and k-tile and decodes whole words with constant shifts. (In
+// decode8's own order, a k16 step a block, each thread took one pair of every word, shifted by 4 (lane % 4)
+// first, and converted all four scales of a row.)
 #pragma once
 
 #include <cstdint>
@@ -43,7 +46,8 @@ struct Tile {
   static constexpr int kWarpGroups = BN / 64;
   static constexpr int kThreads = 128 * kWarpGroups;
   // The mainloop: with 128 rows of A or more each k16 step's wgmma is long enough to hide the next step's
-  // decode behind it (overlapped, below); with 64 the serial loop measured faster on the H200 (bench/RESULTS.md).
+  // decode behind it (overlapped, below); with 64 the serial loop measured faster on the H200 (bench/RESULTS.md),
+  // and with the whole-word decode both loops ran within 2% of each other at 16 and 64 rows (H100, 2026-12-07).
   static constexpr bool kOverlapDecode = BM >= 128;
   // k-tiles in flight (B's codes and scales, A's fp16 rows): six, four for 128 rows of A so that two CTAs
   // share a multiprocessor (and for 256 rows, whose one CTA a multiprocessor fills the shared memory), and
@@ -71,35 +75,29 @@ __device__ __forceinline__ void wgmma_rs(const uint32_t (&a)[4], uint64_t b, flo
   Op::fma(a[0], a[1], a[2], a[3], b, acc[I]..., cute::SM90::GMMA::ScaleOut::One);
 }
 
-// Word `quarter` of decode8(codes) (codes already shifted right by 4 * quarter): two E2M1 values as fp16
-// times 2^-14, then times the block scale (exact: see fused_gemm::scale_pair).
-__device__ __forceinline__ uint32_t decode_pair(uint32_t shifted, __half2 scale) {
-  return fused_gemm::scale_pair(((shifted << 9) & 0x0E000E00u) | ((shifted << 12) & 0x80008000u), scale);
+// Pair `step` of decode8(word) (elements `step` and `step` + 4 of the word's eight, as fp16 times 2^-14), times the
+// block scale (exact: see fused_gemm::scale_pair). `step` is a constant wherever this is inlined, and so are the
+// shifts: decode8's word `step` alone.
+__device__ __forceinline__ uint32_t decode_pair(uint32_t word, int step, __half2 scale) {
+  const uint32_t magnitude = step < 3 ? word << (9 - 4 * step) : word >> 3;  // e1 e0 m to bits 11..9 of each half
+  const uint32_t sign = word << (12 - 4 * step);                              // the sign to bit 15
+  return fused_gemm::scale_pair((magnitude & 0x0E000E00u) | (sign & 0x80008000u), scale);
 }
 
-// The four E4M3 block scales of a k-tile's row (block i in byte i of the word), each as a half2 holding it twice:
-// two conversions of two scales each and a byte permute a scale, where e4m3_to_half2 takes an extract, a multiply
-// and a conversion a scale (the same values: every E4M3 value is an fp16 value). On the H200 that made the calls
-// 3-7% faster at M = 8-256 (bench/RESULTS.md, 2026-12-04): the decode issues the kernel's time at small M.
-__device__ __forceinline__ void scale_word_to_half2s(uint32_t word, __half2 (&scales)[4]) {
-  const __half2_raw low = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word & 0xFFFFu), __NV_E4M3);
-  const __half2_raw high = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> 16), __NV_E4M3);
-  const uint32_t l = *reinterpret_cast<const uint32_t*>(&low), h = *reinterpret_cast<const uint32_t*>(&high);
-  const uint32_t pairs[4] = {__byte_perm(l, 0u, 0x1010), __byte_perm(l, 0u, 0x3232), __byte_perm(h, 0u, 0x1010),
-                             __byte_perm(h, 0u, 0x3232)};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) scales[i] = *reinterpret_cast<const __half2*>(&pairs[i]);
-}
+// A thread's code words of one k-tile: words 2q and 2q + 1 (q = lane % 4: the block q of the k-tile) of its rows
+// r and r + 8, and those blocks' scales.
+struct ThreadWords {
+  uint2 low, high;  // rows r and r + 8
+  __half2 low_scale, high_scale;
+};
 
-// One m64k16 fragment of a thread from one block's code words of its two rows (first and second word of row r,
-// then of row r + 8) and the rows' scales; `shift` selects the thread's quarter of each word (4 * (lane % 4)).
-__device__ __forceinline__ void decode_fragment(uint32_t low0, uint32_t low1, uint32_t high0, uint32_t high1,
-                                                __half2 low_scale, __half2 high_scale, int shift,
-                                                uint32_t (&fragment)[4]) {
-  fragment[0] = decode_pair(low0 >> shift, low_scale);    // row r, k pair 2 (lane % 4)
-  fragment[1] = decode_pair(high0 >> shift, high_scale);  // row r + 8
-  fragment[2] = decode_pair(low1 >> shift, low_scale);    // row r, k pair 2 (lane % 4) + 8
-  fragment[3] = decode_pair(high1 >> shift, high_scale);  // row r + 8
+// One m64k16 fragment of step `step` (HalfOrder::kSteps): positions 2q, 2q + 1 of the step are pair `step` of
+// word 2q, positions 2q + 8, 2q + 9 pair `step` of word 2q + 1, each of rows r and r + 8.
+__device__ __forceinline__ void decode_fragment(const ThreadWords& w, int step, uint32_t (&fragment)[4]) {
+  fragment[0] = decode_pair(w.low.x, step, w.low_scale);    // row r, word 2q
+  fragment[1] = decode_pair(w.high.x, step, w.high_scale);  // row r + 8, word 2q
+  fragment[2] = decode_pair(w.low.y, step, w.low_scale);    // row r, word 2q + 1
+  fragment[3] = decode_pair(w.high.y, step, w.high_scale);  // row r + 8, word 2q + 1
 }
 
 template <int BM, int BN, int kCtas, class OutT>
@@ -143,43 +141,30 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
     }
   };
 
-  // This thread's rows of B within the CTA's BN (its fragment rows r and r + 8) and its quarter of each word.
+  // This thread's rows of B within the CTA's BN (its fragment rows r and r + 8) and its block of each k-tile.
   const int row = warp_group * 64 + warp * 16 + (lane >> 2);
-  const int shift = 4 * (lane & 3);
-  // decodes k-tile `stage`'s four blocks of the thread's two rows into four fragments
-  auto decode_k_tile = [&](int stage, uint32_t (&fragments)[4][4]) {
-    const uint8_t* const codes = stages + stage * T::kCodeStageBytes;
-    const uint8_t* const scales = codes + BN * kCodeBytes;
-    uint4 low[2], high[2];  // rows r and r + 8: 32 bytes of codes each (four blocks of 8)
-    low[0] = reinterpret_cast<const uint4*>(codes + row * kCodeBytes)[0];
-    low[1] = reinterpret_cast<const uint4*>(codes + row * kCodeBytes)[1];
-    high[0] = reinterpret_cast<const uint4*>(codes + (row + 8) * kCodeBytes)[0];
-    high[1] = reinterpret_cast<const uint4*>(codes + (row + 8) * kCodeBytes)[1];
-    __half2 low_scales[4], high_scales[4];
-    scale_word_to_half2s(*reinterpret_cast<const uint32_t*>(scales + row * kScaleBytes), low_scales);
-    scale_word_to_half2s(*reinterpret_cast<const uint32_t*>(scales + (row + 8) * kScaleBytes), high_scales);
-#pragma unroll
-    for (int block = 0; block < 4; ++block) {
-      const uint4& l = low[block / 2];
-      const uint4& h = high[block / 2];
-      const uint32_t l0 = block % 2 ? l.z : l.x, l1 = block % 2 ? l.w : l.y;
-      const uint32_t h0 = block % 2 ? h.z : h.x, h1 = block % 2 ? h.w : h.y;
-      decode_fragment(l0, l1, h0, h1, low_scales[block], high_scales[block], shift, fragments[block]);
-    }
+  const int quarter = lane & 3;
+  // loads the thread's words and scales of k-tile `stage` (8 bytes of codes and a scale byte a row)
+  auto load_words = [&](int stage, ThreadWords& w) {
+    const uint8_t* const codes = stages + stage * T::kCodeStageBytes + 8 * quarter;
+    const uint8_t* const scales = stages + stage * T::kCodeStageBytes + BN * kCodeBytes + quarter;
+    w.low = *reinterpret_cast<const uint2*>(codes + row * kCodeBytes);
+    w.high = *reinterpret_cast<const uint2*>(codes + (row + 8) * kCodeBytes);
+    w.low_scale = fused_gemm::e4m3_to_half2(scales[row * kScaleBytes]);
+    w.high_scale = fused_gemm::e4m3_to_half2(scales[(row + 8) * kScaleBytes]);
   };
-  // decodes block `block` of k-tile `stage` (the thread's two rows) into one fragment; block 0 first converts the
-  // k-tile's scales of both rows, which blocks 1-3 (decoded next, in order) take from there
-  __half2 low_block_scales[4], high_block_scales[4];
-  auto decode_block = [&](int stage, int block, uint32_t (&fragment)[4]) {
-    const uint8_t* const codes = stages + stage * T::kCodeStageBytes + block * 8;
-    if (block == 0) {
-      const uint8_t* const scales = stages + stage * T::kCodeStageBytes + BN * kCodeBytes;
-      scale_word_to_half2s(*reinterpret_cast<const uint32_t*>(scales + row * kScaleBytes), low_block_scales);
-      scale_word_to_half2s(*reinterpret_cast<const uint32_t*>(scales + (row + 8) * kScaleBytes), high_block_scales);
-    }
-    const uint2 l = *reinterpret_cast<const uint2*>(codes + row * kCodeBytes);
-    const uint2 h = *reinterpret_cast<const uint2*>(codes + (row + 8) * kCodeBytes);
-    decode_fragment(l.x, l.y, h.x, h.y, low_block_scales[block], high_block_scales[block], shift, fragment);
+  // the k-tile's four fragments, one a step
+  auto decode_k_tile = [&](int stage, uint32_t (&fragments)[4][4]) {
+    ThreadWords w;
+    load_words(stage, w);
+#pragma unroll
+    for (int step = 0; step < 4; ++step) decode_fragment(w, step, fragments[step]);
+  };
+  // one step's fragment; step 0 loads the k-tile's words, which steps 1-3 (decoded next, in order) take from there
+  ThreadWords step_words;
+  auto decode_step = [&](int stage, int step, uint32_t (&fragment)[4]) {
+    if (step == 0) load_words(stage, step_words);
+    decode_fragment(step_words, step, fragment);
   };
 
   float acc[BM / 2];
@@ -233,7 +218,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
     fill_pipeline(kStages - 2);
     if (k_tiles > 0) {
       arrive(0);
-      decode_block(0, 0, fragments[0]);
+      decode_step(0, 0, fragments[0]);
     }
     fused_wgmma::fence_registers(acc);
     for (int kt = 0; kt < k_tiles; ++kt) {
@@ -241,10 +226,10 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
 #pragma unroll
       for (int kk = 0; kk < kTileK / 16; ++kk) {
         if (kk + 1 < kTileK / 16) {
-          decode_block(stage, kk + 1, fragments[kk + 1]);
+          decode_step(stage, kk + 1, fragments[kk + 1]);
         } else if (kt + 1 < k_tiles) {
           arrive(kt + 1);
-          decode_block((kt + 1) % kStages, 0, fragments[0]);
+          decode_step((kt + 1) % kStages, 0, fragments[0]);
         }
         fused_wgmma::wgmma_fence();
         wgmma_rs<Mma<BM>>(fragments[kk], a_descriptor + stage * (T::kASlotBytes >> 4) + 2 * kk, acc,
@@ -315,8 +300,9 @@ constexpr int64_t kPackedRsClusterSplit = 2;
 template <int BM, int BN, int kCtas, class OutT>
 int packed_rs_run(FP4GEN_FUSED_GEMM_PARAMS, cudaStream_t stream) {
   using T = packed_rs::Tile<BM, BN>;
-  return launch_half_a_gemm<BM, BN, OutT, packed_rs::gemm_kernel<BM, BN, kCtas, OutT>, T::kThreads, T::kSmemBytes>(
-      FP4GEN_FUSED_GEMM_ARGS, stream, BM >= 64 && split_k == kPackedRsClusterSplit);
+  return launch_half_a_gemm<BM, BN, OutT, packed_rs::gemm_kernel<BM, BN, kCtas, OutT>, T::kThreads, T::kSmemBytes,
+                            fused_wgmma::HalfOrder::kSteps>(FP4GEN_FUSED_GEMM_ARGS, stream,
+                                                            BM >= 64 && split_k == kPackedRsClusterSplit);
 }
 
 }  // namespace fp4gen
