@@ -143,11 +143,11 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, kCtas) gemm_kernel(con
 
   // This thread's rows of B within the CTA's BN (its fragment rows r and r + 8) and its block of each k-tile.
   const int row = warp_group * 64 + warp * 16 + (lane >> 2);
-  const int quarter = lane & 3;
+  const int block = lane & 3;
   // loads the thread's words and scales of k-tile `stage` (8 bytes of codes and a scale byte a row)
   auto load_words = [&](int stage, ThreadWords& w) {
-    const uint8_t* const codes = stages + stage * T::kCodeStageBytes + 8 * quarter;
-    const uint8_t* const scales = stages + stage * T::kCodeStageBytes + BN * kCodeBytes + quarter;
+    const uint8_t* const codes = stages + stage * T::kCodeStageBytes + 8 * block;
+    const uint8_t* const scales = stages + stage * T::kCodeStageBytes + BN * kCodeBytes + block;
     w.low = *reinterpret_cast<const uint2*>(codes + row * kCodeBytes);
     w.high = *reinterpret_cast<const uint2*>(codes + (row + 8) * kCodeBytes);
     w.low_scale = fused_gemm::e4m3_to_half2(scales[row * kScaleBytes]);
