@@ -126,13 +126,13 @@ __device__ __forceinline__ void store_pair(const Params& p, int64_t row, int64_t
   if (col + 1 < p.n) fused_gemm::store_epilogue<OutT>(p, row, col + 1, acc1);
 }
 
-// An operand's block-scaled values as fp16 (each times 2^-14, decode8's order within 16-byte chunks),
-// row-major, k * 2 bytes a row: A's for every GEMM of the family (every CTA of a tile row would otherwise
-// dequantize the same A tile again, N / BN times), and both where a CUTLASS GEMM multiplies fp16 copies (the dense
-// scratch path, gemm_sm90.cuh, and the grouped ones). Two operands of the same k go in one launch (one kernel
-// boundary fewer before the GEMM). kStacked: the rows come in groups of rows_per_group (stacked expert weights),
-// group g's codes and scales group_stride and scale_group_stride bytes after group g - 1's; the fp16 rows follow
-// one another regardless.
+// An operand's block-scaled values as fp16 (each times 2^-14, each k-tile's elements in a HalfOrder below:
+// decode8's order within 16-byte chunks, or gemm_packed_rs's step order for its A), row-major, k * 2 bytes a
+// row: A's for every GEMM of the family (every CTA of a tile row would otherwise dequantize the same A tile again,
+// N / BN times), and both where a CUTLASS GEMM multiplies fp16 copies (the dense scratch path, gemm_sm90.cuh, and
+// the grouped ones). Two operands of the same k go in one launch (one kernel boundary fewer before the GEMM).
+// kStacked: the rows come in groups of rows_per_group (stacked expert weights), group g's codes and scales
+// group_stride and scale_group_stride bytes after group g - 1's; the fp16 rows follow one another regardless.
 //
 // Threads: x along a row's 16-byte output chunks (half a 16-element block each: its 4 code bytes and the block's
 // scale), so that each store instruction of a warp writes 512 contiguous bytes, y along rows; each thread loads
