@@ -155,14 +155,15 @@ struct QuantLane {
 // rows (each group's transpose, side by side); the rowwise copy goes to the tokens' own rows. Amaxes are per token
 // ([tokens]) for rows and per group and column ([groups, cols]) for columns, or one of each a group ([groups]).
 constexpr int kGroupPadRows = 64;
-struct QuantTokenGroups {
+// QuantRowGroups: how quantize_kernel's rows fall into groups, for its two grouped instances (the dense launches
+// pass it empty): grouped tokens (kGrouped) read the first five fields, stacked matrices quantized in one flat
+// grid (kStackedFlat, quantize_grouped's stacked weights) the last.
+struct QuantRowGroups {
   const int64_t* offsets;      // [groups] cumulative token ends
   const int64_t* padded_ends;  // [groups] cumulative padded ends
   int64_t groups, tokens;
   bool per_token;  // amaxes per token and per (group, column); else one a group
-  // Stacked matrices in one flat grid (quantize_kernel's kStackedFlat, quantize_grouped's stacked weights): the
-  // rows of each matrix. Unused otherwise.
-  int64_t matrix_rows;
+  int64_t matrix_rows;  // the rows of each stacked matrix
 };
 
 // The tokens of one tile row of the padded row space.
@@ -175,7 +176,7 @@ struct GroupTileRows {
 // The tokens of the tile row starting at padded row p0 (a multiple of kGroupPadRows / a divisor): every lane of
 // the warp calls it (a ballot per 32 groups counts the groups that end at or before p0, which is the tile's group
 // while the ends do not decrease). Offsets that break their contract still give tokens within [0, tokens).
-__device__ __forceinline__ GroupTileRows group_tile_rows(const QuantTokenGroups& tg, int64_t p0, int tile_rows) {
+__device__ __forceinline__ GroupTileRows group_tile_rows(const QuantRowGroups& tg, int64_t p0, int tile_rows) {
   const int lane = threadIdx.x % 32;
   int64_t g = 0;
   for (int64_t e0 = 0; e0 < tg.groups; e0 += 32)
@@ -326,9 +327,9 @@ __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, in
 // matrix b - 1's; each takes gridDim.x CTAs. The dense launches have one.
 // kStochastic: stochastic rounding (stochastic.cuh) with the seed and offset in rng_state (read on the device):
 // the rowwise copy draws at the offset, the columnwise copy at the offset + 1, as quantize_options does.
-// kGrouped: grouped tokens (see QuantTokenGroups; rows is the padded row count), row scaling's machinery carrying
-// each tile's group's amaxes; otherwise token_groups is unused.
-// kStackedFlat: stacked matrices of token_groups.matrix_rows rows each (a multiple of a unit's rows), quantized as
+// kGrouped: grouped tokens (see QuantRowGroups; rows is the padded row count), row scaling's machinery carrying
+// each tile's group's amaxes; otherwise row_groups is unused.
+// kStackedFlat: stacked matrices of row_groups.matrix_rows rows each (a multiple of a unit's rows), quantized as
 // one [rows, cols] tensor whose units the CTAs take in turn across matrices (grid y = 1); each unit takes its
 // matrix's amaxes (tensor scaling) and writes its columnwise outputs to its matrix's copy, which follows the one
 // before it. (With one grid row a matrix, each CTA working through its own matrix's units, the stacked quantize
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
                     const float* __restrict__ row_amax, const float* __restrict__ col_amax,
                     uint8_t* __restrict__ row_data, uint8_t* __restrict__ row_scale, uint8_t* __restrict__ col_data,
                     uint8_t* __restrict__ col_scale, const int64_t* __restrict__ rng_state, int unit_tiles_arg,
-                    bool units_dealt_arg, const QuantTokenGroups token_groups) {
+                    bool units_dealt_arg, const QuantRowGroups row_groups) {
   using L = QuantLane<InT>;
   static_assert(!kGrouped || (kRowScaled && !k2D && kGroupPadRows % L::kTileRows == 0),
                 "grouped tokens: per-tile amaxes through row scaling, 1x16 blocks, tile rows within a group");
@@ -409,8 +410,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // launch covers the capacity, about 12% more at 128 uniform groups), shared out between the CTAs. Tiles past
   // them have no tokens and write nothing. (The columnwise copy writes zeros there, so it takes every row.)
   int64_t used_rows = rows;
-  if (kGrouped && !kColwise && token_groups.groups > 0)
-    used_rows = std::min<int64_t>(std::max<int64_t>(token_groups.padded_ends[token_groups.groups - 1], 0), rows);
+  if (kGrouped && !kColwise && row_groups.groups > 0)
+    used_rows = std::min<int64_t>(std::max<int64_t>(row_groups.padded_ends[row_groups.groups - 1], 0), rows);
   const int tiles_m = static_cast<int>((used_rows + L::kTileRows - 1) / L::kTileRows);
   const int n_units = (tiles_m + kQuantWarps - 1) / kQuantWarps * units_k;
   const int ctas = gridDim.x, cta = blockIdx.x;
@@ -421,7 +422,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   auto unit_step = [&]() { return kAfterRowPass || (kMayDeal && units_dealt_arg) ? static_cast<int>(gridDim.x) : 1; };
   const int64_t row_data_pitch = cols / 2, row_scale_pitch = cols / 16;
   // (a stacked matrix's columnwise copy is [cols, its rows])
-  const int64_t col_rows = kStackedFlat ? token_groups.matrix_rows : rows;
+  const int64_t col_rows = kStackedFlat ? row_groups.matrix_rows : rows;
   const int64_t col_data_pitch = col_rows / 2, col_scale_pitch = col_rows / 16;
 
   // how many of the 16 rows from row0 on lie inside the tensor (so per-row tests are 32-bit)
@@ -502,14 +503,14 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
       for (int k = 0; k < kRowAmaxPerLane; ++k) {
         if constexpr (kRowwise) {
           const int64_t token = tile_rows.source + std::min(lane + 32 * k, std::max(tile_rows.valid - 1, 0));
-          next_row_amax[k] = g < 0 ? 0.0f : row_amax[token_groups.per_token ? token : g];
+          next_row_amax[k] = g < 0 ? 0.0f : row_amax[row_groups.per_token ? token : g];
         }
       }
 #pragma unroll
       for (int k = 0; k < kColAmaxPerLane; ++k) {
         if constexpr (kColwise) {
           const int64_t col = std::min<int64_t>(int64_t{tk} * kQuantTileCols + lane + 32 * k, cols - 1);
-          next_col_amax[k] = g < 0 ? 0.0f : col_amax[token_groups.per_token ? g * cols + col : g];
+          next_col_amax[k] = g < 0 ? 0.0f : col_amax[row_groups.per_token ? g * cols + col : g];
         }
       }
       return;
@@ -579,7 +580,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   };
   // the tokens of a tile row (grouped tokens; warp-uniform, every lane calls it)
   auto tile_rows_of = [&](int tm_) {
-    if constexpr (kGrouped) return group_tile_rows(token_groups, int64_t{tm_} * L::kTileRows, L::kTileRows);
+    if constexpr (kGrouped) return group_tile_rows(row_groups, int64_t{tm_} * L::kTileRows, L::kTileRows);
     return GroupTileRows{0, 0, 0};
   };
   auto load_patch_rows = [&](uint4* dst, PatchSource source, int first) {
@@ -954,7 +955,7 @@ template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bo
           bool kHardwareCvt, bool kGrouped = false, bool kStackedFlat = false>
 int launch_quantize_kernel(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const float* row_amax,
                            const float* col_amax, uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data,
-                           uint8_t* col_scale, const int64_t* rng_state, const QuantTokenGroups& token_groups,
+                           uint8_t* col_scale, const int64_t* rng_state, const QuantRowGroups& row_groups,
                            cudaStream_t stream) {
   constexpr auto kernel =
       quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHardwareCvt, kHadamard, kStochastic, kGrouped,
@@ -981,7 +982,7 @@ int launch_quantize_kernel(const void* x, int64_t x_row_stride, int64_t rows, in
   return launch_programmatic_dependent(kernel, dim3(static_cast<unsigned>(grid)), dim3(kQuantThreads), 0, stream,
                                        static_cast<const InT*>(x), x_row_stride, rows, cols, row_amax, col_amax,
                                        row_data, row_scale, col_data, col_scale, rng_state, unit_tiles, dealt,
-                                       token_groups);
+                                       row_groups);
 }
 
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHadamard, bool kStochastic,
@@ -995,7 +996,7 @@ int quantize_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols
   if (rows == 0 || cols == 0) return kOk;
   return launch_quantize_kernel<InT, kRowwise, kColwise, kRowScaled, k2D, kHadamard, kStochastic, kHardwareCvt>(
       x, x_row_stride, rows, cols, row_amax, col_amax, row_data, row_scale, col_data, col_scale, rng_state,
-      QuantTokenGroups{}, stream);
+      QuantRowGroups{}, stream);
 }
 
 }  // namespace fp4gen

@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kTokenAmaxThreads, kTokenAmaxMinCtasPerSm)
   const int64_t col = (strip * 32 + lane) * kVec;  // cols % 16 == 0: a lane's vector is wholly in or out
   const bool col_in = col < a.cols;
   const InT* const x = static_cast<const InT*>(a.x) + col;
-  const QuantTokenGroups tg{a.offsets, a.padded_ends, a.groups, a.rows, kVectorAmax};
+  const QuantRowGroups tg{a.offsets, a.padded_ends, a.groups, a.rows, kVectorAmax};
   int group = -1;
   int64_t padded_start = 0, padded_end = -1, token_start = 0, token_end = 0;  // the current group's
   uint32_t col_bits[kVec] = {};             // per (group, column): this group's maxima of the lane's columns
@@ -647,7 +647,7 @@ int launch_stacked_plain(const GroupedQuantizeArgs& a, int64_t group_rows, cudaS
   constexpr int64_t kRowsPerUnit = QuantLane<InT>::kTileRows * kQuantWarps, kUnitCols = kUnitTiles * kQuantTileCols;
   const int64_t flat_tiles = a.groups * group_rows / QuantLane<InT>::kTileRows * quant_tiles_k(a.cols);
   if (group_rows % kRowsPerUnit == 0 && flat_tiles <= kMaxQuantTiles) {  // (tile indices are 32-bit)
-    QuantTokenGroups matrices{};
+    QuantRowGroups matrices{};
     matrices.matrix_rows = group_rows;
     return launch_quantize_kernel<InT, true, true, false, k2D, false, false, kHardwareCvt, false, true>(
         a.x, a.x_row_stride, a.groups * group_rows, a.cols, static_cast<const float*>(a.row_amax),
@@ -665,7 +665,7 @@ int launch_stacked_plain(const GroupedQuantizeArgs& a, int64_t group_rows, cudaS
                                        group_rows, a.cols, static_cast<const float*>(a.row_amax),
                                        static_cast<const float*>(a.col_amax), a.row_data, a.row_scale, a.col_data,
                                        a.col_scale, static_cast<const int64_t*>(nullptr), kUnitTiles,
-                                       quant_units_dealt(units, ctas), QuantTokenGroups{});
+                                       quant_units_dealt(units, ctas), QuantRowGroups{});
 }
 
 // Tokens in the plain quantize kernel (quantize.cuh's grouped tokens), where the options allow it: round to nearest
@@ -680,7 +680,7 @@ inline bool grouped_tokens_plain(const GroupedQuantizeArgs& a, size_t in_bytes) 
 
 template <class InT, bool kHardwareCvt, bool kStochastic>
 int launch_grouped_tokens_plain(const GroupedQuantizeArgs& a, cudaStream_t stream) {
-  const QuantTokenGroups groups{a.offsets, a.padded_ends, a.groups, a.rows, a.vector_amax};
+  const QuantRowGroups groups{a.offsets, a.padded_ends, a.groups, a.rows, a.vector_amax};
   if (a.row_data != nullptr) {
     const int launched =
         launch_quantize_kernel<InT, true, false, true, false, false, kStochastic, kHardwareCvt, true>(
