@@ -328,13 +328,14 @@ __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, in
 // kStochastic: stochastic rounding (stochastic.cuh) with the seed and offset in rng_state (read on the device):
 // the rowwise copy draws at the offset, the columnwise copy at the offset + 1, as quantize_options does.
 // kGrouped: grouped tokens (see QuantRowGroups; rows is the padded row count), row scaling's machinery carrying
-// each tile's group's amaxes; otherwise row_groups is unused.
+// each tile's group's amaxes.
 // kStackedFlat: stacked matrices of row_groups.matrix_rows rows each (a multiple of a unit's rows), quantized as
 // one [rows, cols] tensor whose units the CTAs take in turn across matrices (grid y = 1); each unit takes its
 // matrix's amaxes (tensor scaling) and writes its columnwise outputs to its matrix's copy, which follows the one
 // before it. (With one grid row a matrix, each CTA working through its own matrix's units, the stacked quantize
 // kernel took 6-13% more time an element than a dense one; in one grid Qwen3-30B-A3B's FC1 experts took 858 us
 // instead of 970, a dense tensor's time: bench/RESULTS.md, 2026-12-07, H100.)
+// With neither, row_groups is unused (the dense launches pass it empty).
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt, bool kHadamard,
           bool kStochastic, bool kGrouped = false, bool kStackedFlat = false>
 __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
