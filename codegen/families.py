@@ -382,6 +382,7 @@ FAMILIES = {
             Param("hadamard", "int64_t"),  # 1: the columnwise copy from the 16-point RHT along rows
             Param("four_over_six", "int64_t"),  # 0 none, 1 MAE, 2 MSE
             Param("stochastic", "int64_t"),  # 1: stochastic rounding
+            Param("workspace", "void*"),  # workspace_size() bytes (stacked weights: the one-grid launch's counters)
         ),
         constraints={"cols_multiple_of": 16},
         alignment={"x": 16},

@@ -179,13 +179,15 @@ def test_built_quantize_options_library_checks_problems(name):
 def test_built_quantize_grouped_library_checks_problems(name):
     kernel = library.load_kernel(name)
     # x, stride, rows, cols, offsets, padded_ends, groups, capacity, row_amax, col_amax, row_data, row_scale,
-    # col_data, col_scale, col_group_stride, col_row_stride, stacked, rng, vector, 2d, hadamard, 4over6, stochastic
+    # col_data, col_scale, col_group_stride, col_row_stride, stacked, rng, vector, 2d, hadamard, 4over6, stochastic,
+    # workspace
     ok = (0x1000, 64, 40, 64, 0x2000, 0x2100, 3, 96, 0x3000, 0x3100, 0x4000, 0x5000, 0x6000, 0x7000, 0, 48, 0,
-          0x8000, 1, 0, 0, 0, 0)
+          0x8000, 1, 0, 0, 0, 0, None)
 
     def with_(**changes):
         names = ("x stride rows cols offsets padded groups capacity row_amax col_amax row_data row_scale col_data "
-                 "col_scale group_stride row_stride stacked rng vector block_2d hadamard four_over_six stochastic")
+                 "col_scale group_stride row_stride stacked rng vector block_2d hadamard four_over_six stochastic "
+                 "workspace")
         args = dict(zip(names.split(), ok))
         args.update(changes)
         return tuple(args.values())
@@ -203,8 +205,13 @@ def test_built_quantize_grouped_library_checks_problems(name):
     assert kernel.can_implement(*with_(four_over_six=1, stochastic=1)) == 1  # 4over6 rounds to nearest
     assert kernel.can_implement(*with_(stochastic=1, rng=None)) == 1  # stochastic rounding needs the state
     assert kernel.can_implement(*with_(block_2d=1)) == 1  # 16x16 blocks: stacked, per group
-    assert kernel.can_implement(*with_(block_2d=1, vector=0, stacked=1, rows=48)) == 0  # 3 experts of 16 rows
-    assert kernel.can_implement(*with_(block_2d=1, vector=0, stacked=1)) == 1  # 40 rows are not 3 experts' worth
+    stacked = {"block_2d": 1, "vector": 0, "stacked": 1, "workspace": 0x9000}
+    assert kernel.can_implement(*with_(**stacked, rows=48)) == 0  # 3 experts of 16 rows
+    assert kernel.can_implement(*with_(**stacked)) == 1  # 40 rows are not 3 experts' worth
+    # stacked weights take counters (two, and one an expert) in the workspace, 4-byte aligned
+    assert kernel.workspace_size(*with_(**stacked, rows=48)) == 4 * (3 + 2)
+    assert kernel.can_implement(*with_(**{**stacked, "workspace": None}, rows=48)) == 1
+    assert kernel.can_implement(*with_(**{**stacked, "workspace": 0x9002}, rows=48)) == 2
     assert kernel.can_implement(*with_(col_data=None, hadamard=1)) == 1  # the transform is of the columnwise copy
     assert kernel.can_implement(*with_(row_stride=44)) == 1  # scale rows are codes rows / 8
 

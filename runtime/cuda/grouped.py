@@ -80,11 +80,14 @@ def quantize_grouped(x: torch.Tensor, offsets: torch.Tensor, rows_per_group: int
         return row, col
     stride = x.stride(0) if tokens > 1 else cols
     rng_state = options.rng.tensor if options.rounding == "stochastic" else None
-    _launch(kernel, device, x.data_ptr(), stride, tokens, cols, offsets.data_ptr(), padded.data_ptr(), groups, rows,
+    args = (x.data_ptr(), stride, tokens, cols, offsets.data_ptr(), padded.data_ptr(), groups, rows,
             _ptr(row_args[0]), _ptr(col_args[0]), _ptr(row_args[1]), _ptr(row_args[2]), _ptr(col_args[1]),
             _ptr(col_args[2]), cols * width // 2 if stacked else 0, width // 2, int(stacked), _ptr(rng_state),
             int(row_scaled), int(block == (16, 16)), int(options.hadamard), _FOUR_OVER_SIX[options.four_over_six],
             int(options.rounding == "stochastic"))
+    workspace_bytes = kernel.workspace_size(*args, None)
+    workspace = _empty(device, workspace_bytes) if workspace_bytes else None
+    _launch(kernel, device, *args, _ptr(workspace))
     return row, col
 
 

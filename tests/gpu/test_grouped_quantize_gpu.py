@@ -189,6 +189,51 @@ def test_stacked_weights_of_whole_units_in_one_grid(dtype, block):
         assert torch.isnan(got.rowwise.amax.cpu()).nonzero().flatten().tolist() == [17]
 
 
+def _assert_each_expert_is_its_dense_quantization(w, got, block):
+    for e in range(w.shape[0]):
+        want = fp4gen.quantize(w[e], scaling="tensor", block=block)
+        for copy in ("rowwise", "columnwise"):
+            a, b = getattr(got, copy), getattr(want, copy)
+            assert torch.equal(a.data[e], b.data), (e, copy)
+            assert torch.equal(a.scale[e].view(torch.uint8), b.scale.view(torch.uint8)), (e, copy)
+            assert torch.equal(bit_patterns(a.amax[e : e + 1]), bit_patterns(b.amax.reshape(1))), (e, copy)
+
+
+@pytest.mark.parametrize("block", [(16, 16), (1, 16)], ids=["16x16", "1x16"])
+def test_stacked_weights_in_one_grid_over_several_waves(block):
+    """The one-grid stacked kernel takes each expert's amax itself, a unit at a time, shortly before it quantizes
+    the expert's units: CTAs wait for experts whose amaxes other CTAs are still taking. 192 experts of 4 units
+    each (more units than the GPU has CTA slots), amaxes 2^-8 .. 2^8, one expert with an infinity and one with a
+    NaN: each expert equals the dense quantization of its slice."""
+    torch.manual_seed(9)
+    scales = torch.exp2(torch.linspace(-8, 8, 192, device="cuda")).view(-1, 1, 1)
+    w = (torch.randn(192, 256, 2048, device="cuda") * scales).to(torch.bfloat16)
+    w[40, 100, 7] = float("inf")
+    w[150, 0, 2047] = float("nan")
+    got = fp4gen.quantize_grouped(w, None, scaling="tensor", block=block)
+    _assert_each_expert_is_its_dense_quantization(w, got, block)
+    assert torch.isnan(got.rowwise.amax.cpu()).nonzero().flatten().tolist() == [150]
+    assert got.rowwise.amax[40].item() == float("inf")
+
+
+def test_stacked_weights_in_one_grid_on_two_streams_at_once():
+    """Two one-grid stacked quantizations running at the same time on two streams, each grid as large as the GPU
+    holds: neither waits on the other's CTAs, and both give each expert's dense quantization."""
+    torch.manual_seed(10)
+    ws = [(torch.randn(96, 512, 2048, device="cuda") * (1 + i)).to(torch.bfloat16) for i in range(2)]
+    fp4gen.quantize_grouped(ws[0], None, scaling="tensor", block=(16, 16))  # load the kernel
+    streams = [torch.cuda.Stream() for _ in ws]
+    outs = []
+    for stream, w in zip(streams, ws):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            outs.append(fp4gen.quantize_grouped(w, None, scaling="tensor", block=(16, 16)))
+    for stream in streams:
+        torch.cuda.current_stream().wait_stream(stream)
+    for w, got in zip(ws, outs):
+        _assert_each_expert_is_its_dense_quantization(w, got, (16, 16))
+
+
 def test_nan_in_a_stacked_weight_stays_in_its_group():
     w = torch.randn(4, 64, 128, device="cuda", dtype=torch.bfloat16)
     w[2, 5, 9] = float("nan")

@@ -51,6 +51,17 @@ struct Element<float> {
   static __device__ __forceinline__ uint32_t abs_bits_as_float_bits(uint32_t abs_bits) { return abs_bits; }
 };
 
+// A load with acquire semantics at GPU scope: what the writer of *p wrote before releasing it (a fence, then its
+// write of *p) is visible to the loads that follow.
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// |v|'s bit pattern (an unsigned maximum of these is a NaN-propagating maximum of |v|, see warp_max_bits)
+__device__ __forceinline__ uint32_t float_abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+
 // The maximum of `bits` over the warp's 32 lanes, in every lane (unsigned: on |x| bit patterns NaN > Inf >
 // every finite value, so the maximum propagates NaN).
 __device__ __forceinline__ uint32_t warp_max_bits(uint32_t bits) {

@@ -105,6 +105,14 @@ constexpr bool quant_may_deal_units() {
 __host__ __device__ constexpr bool quant_units_dealt(int64_t units, int64_t ctas) {
   return ctas >= 32 && units >= 3 * ctas;
 }
+// kStackedFlat (quantize_grouped's stacked weights in one grid, which takes their amaxes itself): units of
+// kCodeStageTiles tiles (64 KB of input), and the amaxes taken up to kStackedFlatAmaxLead units (32 MB of input)
+// ahead of the unit a CTA quantizes, so that its second read finds the unit in L2 (50 MB on the H100 and the
+// H200). On the H100 (bench/RESULTS.md, 2026-12-07, graph us, bf16, 16x16 blocks), against an amax pass and then
+// whole units (8 tiles): Qwen3-30B-A3B's FC1 experts 841 -> 802, FC2's 467 -> 408, Mixtral's 2049 -> 1917. With
+// the amaxes taken in the kernel, whole units gained only 0.5-4% and half units (4 tiles) lost 5% on FC1; leads
+// of 256 and 1024 units ran within 0.5% of 512.
+constexpr int64_t kStackedFlatAmaxLead = 512;
 constexpr int kCodeStageBytes = kCodeStageTiles * kQuantTileCols / 2, kScaleStageBytes = kUnitTiles * kQuantTileCols / 16;
 // A lane holds its patch in 64 registers; at most 128 per thread gives 4 CTAs, 16 warps, per SM.
 constexpr int kQuantMinCtasPerSm = 4;
@@ -157,13 +165,17 @@ struct QuantLane {
 constexpr int kGroupPadRows = 64;
 // QuantRowGroups: how quantize_kernel's rows fall into groups, for its two grouped instances (the dense launches
 // pass it empty): grouped tokens (kGrouped) read the first five fields, stacked matrices quantized in one flat
-// grid (kStackedFlat, quantize_grouped's stacked weights) the last.
+// grid (kStackedFlat, quantize_grouped's stacked weights) the last three.
 struct QuantRowGroups {
   const int64_t* offsets;      // [groups] cumulative token ends
   const int64_t* padded_ends;  // [groups] cumulative padded ends
   int64_t groups, tokens;
   bool per_token;  // amaxes per token and per (group, column); else one a group
   int64_t matrix_rows;  // the rows of each stacked matrix
+  // kStackedFlat's counters, zeroed before the launch (see flat_amax_units in quantize_kernel): [0] the next unit
+  // to quantize, [1] the next unit whose amax to take, [2 + m] matrix m's units whose amax has been taken
+  uint32_t* flat_counters;
+  int64_t amax_lead;  // how many units ahead of the one it quantizes a CTA keeps the amaxes taken
 };
 
 // The tokens of one tile row of the padded row space.
@@ -330,9 +342,9 @@ __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, in
 // kGrouped: grouped tokens (see QuantRowGroups; rows is the padded row count), row scaling's machinery carrying
 // each tile's group's amaxes.
 // kStackedFlat: stacked matrices of row_groups.matrix_rows rows each (a multiple of a unit's rows), quantized as
-// one [rows, cols] tensor whose units the CTAs take in turn across matrices (grid y = 1); each unit takes its
-// matrix's amaxes (tensor scaling) and writes its columnwise outputs to its matrix's copy, which follows the one
-// before it. (With one grid row a matrix, each CTA working through its own matrix's units, the stacked quantize
+// one [rows, cols] tensor whose units the CTAs take from a counter in order across matrices (grid y = 1); each
+// unit takes its matrix's amaxes (tensor scaling), which this kernel takes too (flat_amax_units), and writes its
+// columnwise outputs to its matrix's copy, which follows the one before it. (With one grid row a matrix, each CTA working through its own matrix's units, the stacked quantize
 // kernel took 6-13% more time an element than a dense one; in one grid Qwen3-30B-A3B's FC1 experts took 858 us
 // instead of 970, a dense tensor's time: bench/RESULTS.md, 2026-12-07, H100.)
 // With neither, row_groups is unused (the dense launches pass it empty).
@@ -417,8 +429,19 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   const int n_units = (tiles_m + kQuantWarps - 1) / kQuantWarps * units_k;
   const int ctas = gridDim.x, cta = blockIdx.x;
   const int per_cta = n_units / ctas, extra = n_units % ctas;
-  const int first_unit = units_dealt ? cta : cta * per_cta + min(cta, extra);
-  const int end_unit = units_dealt ? n_units : first_unit + per_cta + (cta < extra ? 1 : 0);
+  // kStackedFlat: each CTA takes its next unit from a counter when it starts a unit (see flat_amax_units)
+  __shared__ int flat_taken;
+  auto take_flat_unit = [&](uint32_t* counter) {
+    if (threadIdx.x == 0) flat_taken = static_cast<int>(atomicAdd(counter, 1u));
+    __syncthreads();
+    const int taken = flat_taken;
+    __syncthreads();  // (flat_taken may be written again)
+    return taken;
+  };
+  const int first_unit = kStackedFlat ? take_flat_unit(row_groups.flat_counters)
+                                      : (units_dealt ? cta : cta * per_cta + min(cta, extra));
+  const int end_unit =
+      kStackedFlat || units_dealt ? n_units : first_unit + per_cta + (cta < extra ? 1 : 0);
   // (read from the launch's constants where used: a register held for it made ptxas spill in the per-tensor kernel)
   auto unit_step = [&]() { return kAfterRowPass || (kMayDeal && units_dealt_arg) ? static_cast<int>(gridDim.x) : 1; };
   const int64_t row_data_pitch = cols / 2, row_scale_pitch = cols / 16;
@@ -447,15 +470,30 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
   // (callers pass the tensor's amax for both); the transpose costs about half an instruction a code against the
   // seven or so of encoding it again, and took the 16-bit kernels' spills away (ptxas: 104 and 48 bytes to 0).
   constexpr bool kTransposeCodes = k2D && kRowwise && kColwise;
+  // kStackedFlat: the units of one matrix (units never straddle two: matrix_rows is a multiple of a unit's rows)
+  [[maybe_unused]] const int flat_matrix_units =
+      kStackedFlat ? static_cast<int>(row_groups.matrix_rows / (kQuantWarps * L::kTileRows)) * units_k : 1;
   // matrix m's amaxes (tensor scaling: kStackedFlat's matrix m, else the grid row's matrix, m = 0)
   auto load_tensor_globals = [&](int64_t m) {
     const float* col_amax_source = kTransposeCodes ? row_amax : col_amax;
-    if (kRowwise) tensor_row_global = global_scale(row_amax[m]), rows_special = special(row_amax[m], tensor_row_global);
-    if (kColwise)
-      tensor_col_global = global_scale(col_amax_source[m]), cols_special = special(col_amax_source[m], tensor_col_global);
+    float row_m = 0.0f, col_m = 0.0f;
+    if constexpr (kStackedFlat) {
+      // this kernel takes the amaxes (flat_amax_units): wait until every unit of the matrix has added its own, then
+      // read them from L2 (the read-only path may hold a line of them from before)
+      const uint32_t* taken = row_groups.flat_counters + 2 + m;
+      while (load_acquire(taken) < static_cast<uint32_t>(flat_matrix_units)) __nanosleep(64);
+      if (kRowwise) row_m = __ldcg(row_amax + m);
+      if (kColwise) col_m = __ldcg(col_amax_source + m);
+    } else {
+      if (kRowwise) row_m = row_amax[m];
+      if (kColwise) col_m = col_amax_source[m];
+    }
+    if (kRowwise) tensor_row_global = global_scale(row_m), rows_special = special(row_m, tensor_row_global);
+    if (kColwise) tensor_col_global = global_scale(col_m), cols_special = special(col_m, tensor_col_global);
   };
-  if constexpr (!kRowScaled) load_tensor_globals(0);
-  [[maybe_unused]] int64_t flat_matrix = 0;  // kStackedFlat: the matrix whose amaxes are loaded
+  if constexpr (!kRowScaled && !kStackedFlat) load_tensor_globals(0);
+  // kStackedFlat: the matrix whose amaxes are loaded (none yet)
+  [[maybe_unused]] int64_t flat_matrix = -1;
 
   // Whether an output's 16-byte pieces (its scales' kColScaleBytes pieces) are aligned wherever they start:
   // then whole tiles leave with plain vector stores and no per-piece tests.
@@ -619,6 +657,52 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 #pragma unroll
     for (int i = 0; i < 16; ++i) patch[i] = patch_stage[warp][i][lane];
   };
+  // kStackedFlat takes the matrices' amaxes itself, a unit at a time, ahead of their quantization. Before it
+  // quantizes unit u, a CTA takes the amaxes of the units counter [1] hands out (atomicMax of each warp's |x| bits
+  // into its matrix's amaxes, then [2 + m] counts the unit) until the counter reaches the end of u's matrix, or u
+  // + amax_lead if further; then it waits until its matrix has all its units counted. A CTA waits only for units
+  // already handed out, to CTAs running, which take their amaxes before they wait for anything, so the wait ends
+  // whatever the launch's residency. The unit's data is read twice, the second time while most of it is still in
+  // L2: the lead keeps the amaxes far enough ahead that the quantization seldom waits, and near enough that the
+  // units in between fit in L2.
+  auto flat_amax_units = [&](int unit_) {
+    if constexpr (kStackedFlat) {
+      const int matrix_end = (unit_ / flat_matrix_units + 1) * flat_matrix_units;
+      const int64_t target = std::min<int64_t>(std::max<int64_t>(matrix_end, unit_ + row_groups.amax_lead), n_units);
+      uint32_t* const counters = row_groups.flat_counters;
+      while (true) {
+        if (threadIdx.x == 0) {
+          const uint32_t next = *reinterpret_cast<volatile uint32_t*>(counters + 1);
+          flat_taken = next < target ? static_cast<int>(atomicAdd(counters + 1, 1u)) : n_units;
+        }
+        __syncthreads();
+        const int item = flat_taken;
+        __syncthreads();
+        if (item >= n_units) break;
+        const int item_tm = unit_tm(item);
+        uint32_t bits = 0;
+        for (int tk_ = unit_first_tk(item); tk_ < unit_end_tk(item); ++tk_) {
+          const PatchSource source = patch_source(item_tm, tk_, GroupTileRows{0, 0, 0});
+          load_patch_rows(patch, source, 0), load_patch_rows(patch + 8, source, 8);
+#pragma unroll
+          for (int i = 0; i < 16; ++i)
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) bits = max(bits, float_abs_bits(Element<InT>::word_element_to_float(&patch[i].x, e)));
+        }
+        bits = warp_max_bits(bits);
+        const int64_t m = item / flat_matrix_units;
+        if (lane == 0) {  // (the pointers are the kernel's const inputs; this kernel alone writes them)
+          atomicMax(reinterpret_cast<unsigned int*>(const_cast<float*>(row_amax)) + m, bits);
+          if (col_amax != nullptr && col_amax != row_amax)
+            atomicMax(reinterpret_cast<unsigned int*>(const_cast<float*>(col_amax)) + m, bits);
+          __threadfence();
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(counters + 2 + m, 1u);
+      }
+    }
+  };
+  if (kStackedFlat && first_unit < end_unit) flat_amax_units(first_unit);
   GroupTileRows tile_rows = first_unit < end_unit ? tile_rows_of(tm) : GroupTileRows{0, 0, -1};
   if (first_unit < end_unit) {
     const PatchSource first = patch_source(tm, tk, tile_rows);
@@ -629,14 +713,16 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     }
   }
   if (kRowScaled && first_unit < end_unit) load_amaxes(tm, tk, true, tile_rows), publish_global_scales(true, true);
+  [[maybe_unused]] int flat_next = n_units;  // kStackedFlat: the CTA's unit after this one
   while (unit < end_unit) {
     const int64_t m0 = int64_t{tm} * L::kTileRows, k0 = int64_t{tk} * kQuantTileCols;
+    if (kStackedFlat && tk == unit_first_tk(unit)) flat_next = take_flat_unit(row_groups.flat_counters);
     if constexpr (kStackedFlat) {  // a unit's tile rows lie in one matrix (matrix_rows: whole units)
       if (m0 < flat_matrix * col_rows || m0 >= (flat_matrix + 1) * col_rows)
         flat_matrix = m0 / col_rows, load_tensor_globals(flat_matrix);
     }
     const bool unit_ends = tk + 1 == unit_end_tk(unit);
-    const int next_unit = unit_ends ? unit + unit_step() : unit;
+    const int next_unit = unit_ends ? (kStackedFlat ? flat_next : unit + unit_step()) : unit;
     const int next_tm = unit_ends ? unit_tm(next_unit) : tm, next_tk = unit_ends ? unit_first_tk(next_unit) : tk + 1;
     const bool has_next = next_unit < end_unit;
     // the next tile's tokens (grouped: each tile loads its group's amaxes and publishes its global scales)
@@ -857,6 +943,7 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
     } else {
       encode_patch(std::false_type{});
     }
+    if (kStackedFlat && unit_ends && has_next) flat_amax_units(next_unit);  // (patch is free until the next loads)
     if (!kStagedPatch && has_next) load_patch_rows(patch, next_source, 0), load_patch_rows(patch + 8, next_source, 8);
     // the CTA's columnwise outputs of this tile column leave together
     if constexpr (kColwise) {
@@ -967,9 +1054,9 @@ int launch_quantize_kernel(const void* x, int64_t x_row_stride, int64_t rows, in
   constexpr int64_t kTileRows = QuantLane<InT>::kTileRows;
   const int64_t slots = static_cast<int64_t>(sms) * std::max(per_sm, 1), tiles_k = quant_tiles_k(cols);
   const int64_t tile_rows = (rows + kTileRows - 1) / kTileRows;
-  const int unit_tiles = quant_after_row_pass<kRowwise, kColwise, kRowScaled, kGrouped>()
-                             ? 1
-                             : quant_unit_tiles_for(tile_rows, tiles_k, slots, kStochastic);
+  const int unit_tiles = quant_after_row_pass<kRowwise, kColwise, kRowScaled, kGrouped>() ? 1
+                         : kStackedFlat ? kCodeStageTiles  // (see kStackedFlatAmaxLead)
+                                        : quant_unit_tiles_for(tile_rows, tiles_k, slots, kStochastic);
   const int64_t units = (tile_rows + kQuantWarps - 1) / kQuantWarps * ((tiles_k + unit_tiles - 1) / unit_tiles);
   int64_t grid = std::min<int64_t>(units, slots);
   if constexpr (quant_after_row_pass<kRowwise, kColwise, kRowScaled, kGrouped>()) {

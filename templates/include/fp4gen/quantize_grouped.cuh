@@ -13,8 +13,9 @@
 //                    transform, those of the transformed copy.
 //
 // Stacked weights are quantized as the dense kernels quantize a matrix (a group is one). Scaled per group, both
-// copies, rounded to nearest with no other option (the weights' recipe): stacked_amax_kernel, then the plain
-// quantize kernel (quantize.cuh) over all groups in one grid (launch_stacked_plain). Any other options:
+// copies, rounded to nearest with no other option (the weights' recipe): the plain quantize kernel (quantize.cuh)
+// over all groups in one grid, which takes the groups' amaxes itself where each group's rows are whole units of it
+// (launch_stacked_flat), else after stacked_amax_kernel (launch_stacked_plain). Any other options:
 // stacked_encode_kernel, which tiles each group as quantize_options does, after stacked_amax_kernel (per-group
 // amaxes without the transform) or the padded-row-space amax pass below (grouped_amax_kernel).
 //
@@ -188,8 +189,6 @@ struct GroupedTileLayout {
     return a->vector_amax ? a->col_amax[b.group * a->cols + col0 + c] : a->col_amax[b.group];
   }
 };
-
-__device__ __forceinline__ uint32_t float_abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
 
 // Adds a tile's per-block maxima into the global amaxes, one atomicMax per run of consecutive blocks of one
 // group (usually one for the whole tile): `partial(b)` is block b's maximum, `address(group)` the group's amax.
@@ -575,7 +574,7 @@ int quantize_grouped_can_implement(const void* x, int64_t x_row_stride, int64_t 
                                    uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale, int64_t col_group_stride,
                                    int64_t col_row_stride, int64_t stacked, const int64_t* rng_state,
                                    int64_t vector_amax, int64_t block_2d, int64_t hadamard, int64_t four_over_six,
-                                   int64_t stochastic) {
+                                   int64_t stochastic, void* workspace) {
   const bool rowwise = row_data != nullptr, colwise = col_data != nullptr;
   for (const int64_t flag : {stacked, vector_amax, block_2d, hadamard, stochastic})
     if (flag != 0 && flag != 1) return kInvalidProblem;
@@ -588,6 +587,8 @@ int quantize_grouped_can_implement(const void* x, int64_t x_row_stride, int64_t 
     return kInvalidProblem;
   if (block_2d && (vector_amax || hadamard || !stacked)) return kInvalidProblem;  // 16x16: stacked weights, per group
   if (stacked && rows % groups != 0) return kInvalidProblem;  // [E * N, K]: N rows a group
+  if (stacked && workspace == nullptr) return kInvalidProblem;  // (quantize_grouped_workspace_size)
+  if (workspace != nullptr && !aligned(workspace, 4)) return kMisaligned;
   if (hadamard && !colwise) return kInvalidProblem;
   if (stochastic && rng_state == nullptr) return kInvalidProblem;
   if ((cols + kOptTile - 1) / kOptTile > 65535) return kInvalidProblem;  // gridDim.y
@@ -637,23 +638,41 @@ void launch_encode(const GroupedQuantizeArgs& a, dim3 grid, cudaStream_t stream,
   }
 }
 
-// Stacked weights in the plain quantize kernel, the programmatic dependent of stacked_amax_kernel. Where each
-// group's rows are whole units, as one [groups * group_rows, cols] tensor (kStackedFlat: the dense tensor's grid and
-// schedule, each unit taking its group's amaxes and columnwise copy); otherwise one grid row a group (quantize_kernel's
-// matrices), the CTAs of a full grid shared out between the groups, each group's units dealt to its CTAs where
-// quant_units_dealt says so.
+// The counters of the flat stacked launch (QuantRowGroups::flat_counters): two, then one a group.
+inline size_t stacked_flat_counters_bytes(int64_t groups) { return sizeof(uint32_t) * static_cast<size_t>(groups + 2); }
+
+// Whether stacked weights go to the plain quantize kernel as one [groups * group_rows, cols] tensor
+// (kStackedFlat): each group's rows whole units, within the kernel's tile count.
+template <class InT>
+bool stacked_flat_fits(const GroupedQuantizeArgs& a, int64_t group_rows) {
+  constexpr int64_t kRowsPerUnit = QuantLane<InT>::kTileRows * kQuantWarps;
+  return group_rows % kRowsPerUnit == 0 &&
+         a.groups * group_rows / QuantLane<InT>::kTileRows * quant_tiles_k(a.cols) <= kMaxQuantTiles;
+}
+
+// Stacked weights in the plain quantize kernel as one flat tensor, which takes the groups' amaxes itself (no amax
+// pass): the CTAs take the amaxes of units up to kStackedFlatAmaxLead ahead of those they quantize, so that most
+// of a unit's second read comes from L2 (see flat_amax_units in quantize_kernel).
+template <class InT, bool kHardwareCvt, bool k2D>
+int launch_stacked_flat(const GroupedQuantizeArgs& a, int64_t group_rows, void* workspace, cudaStream_t stream) {
+  if (cudaMemsetAsync(workspace, 0, stacked_flat_counters_bytes(a.groups), stream) != cudaSuccess)
+    return launch_status();
+  QuantRowGroups matrices{};
+  matrices.matrix_rows = group_rows;
+  matrices.flat_counters = static_cast<uint32_t*>(workspace);
+  matrices.amax_lead = kStackedFlatAmaxLead;
+  return launch_quantize_kernel<InT, true, true, false, k2D, false, false, kHardwareCvt, false, true>(
+      a.x, a.x_row_stride, a.groups * group_rows, a.cols, static_cast<const float*>(a.row_amax),
+      static_cast<const float*>(a.col_amax), a.row_data, a.row_scale, a.col_data, a.col_scale, nullptr, matrices,
+      stream);
+}
+
+// Stacked weights in the plain quantize kernel otherwise, the programmatic dependent of stacked_amax_kernel: one
+// grid row a group (quantize_kernel's matrices), the CTAs of a full grid shared out between the groups, each
+// group's units dealt to its CTAs where quant_units_dealt says so.
 template <class InT, bool kHardwareCvt, bool k2D>
 int launch_stacked_plain(const GroupedQuantizeArgs& a, int64_t group_rows, cudaStream_t stream) {
   constexpr int64_t kRowsPerUnit = QuantLane<InT>::kTileRows * kQuantWarps, kUnitCols = kUnitTiles * kQuantTileCols;
-  const int64_t flat_tiles = a.groups * group_rows / QuantLane<InT>::kTileRows * quant_tiles_k(a.cols);
-  if (group_rows % kRowsPerUnit == 0 && flat_tiles <= kMaxQuantTiles) {  // (tile indices are 32-bit)
-    QuantRowGroups matrices{};
-    matrices.matrix_rows = group_rows;
-    return launch_quantize_kernel<InT, true, true, false, k2D, false, false, kHardwareCvt, false, true>(
-        a.x, a.x_row_stride, a.groups * group_rows, a.cols, static_cast<const float*>(a.row_amax),
-        static_cast<const float*>(a.col_amax), a.row_data, a.row_scale, a.col_data, a.col_scale, nullptr, matrices,
-        stream);
-  }
   constexpr auto kernel = quantize_kernel<InT, true, true, false, k2D, kHardwareCvt, false, false>;
   int device = 0, sms = 0, per_sm = 0;
   if (!current_device_multiprocessors(&device, &sms) || !cached_occupancy<kernel>(device, kQuantThreads, 0, &per_sm))
@@ -699,6 +718,15 @@ int launch_grouped_tokens_plain(const GroupedQuantizeArgs& a, cudaStream_t strea
       a.rng_state, groups, stream);
 }
 
+// Stacked weights: the flat launch's counters (taken whatever the launch, so that the caller need not know it).
+template <class InT>
+size_t quantize_grouped_workspace_size(const void*, int64_t, int64_t, int64_t, const int64_t*, const int64_t*,
+                                       int64_t groups, int64_t, float*, float*, uint8_t*, uint8_t*, uint8_t*, uint8_t*,
+                                       int64_t, int64_t, int64_t stacked, const int64_t*, int64_t, int64_t, int64_t,
+                                       int64_t, int64_t, void*) {
+  return stacked && groups > 0 ? stacked_flat_counters_bytes(groups) : 0;
+}
+
 // Zeroes the amaxes, runs the amax pass, then the encode pass of the options asked for.
 template <class InT, bool kHardwareCvt>
 int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols, const int64_t* offsets,
@@ -706,11 +734,11 @@ int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int6
                          uint8_t* row_data, uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale,
                          int64_t col_group_stride, int64_t col_row_stride, int64_t stacked, const int64_t* rng_state,
                          int64_t vector_amax, int64_t block_2d, int64_t hadamard, int64_t four_over_six,
-                         int64_t stochastic, cudaStream_t stream) {
+                         int64_t stochastic, void* workspace, cudaStream_t stream) {
   const int status = quantize_grouped_can_implement<InT>(
       x, x_row_stride, rows, cols, offsets, padded_ends, groups, capacity, row_amax, col_amax, row_data, row_scale,
       col_data, col_scale, col_group_stride, col_row_stride, stacked, rng_state, vector_amax, block_2d, hadamard,
-      four_over_six, stochastic);
+      four_over_six, stochastic, workspace);
   if (status != kOk) return status;
   const GroupedQuantizeArgs a = grouped_quantize_args(
       x, x_row_stride, rows, cols, offsets, padded_ends, groups, capacity, row_data ? row_amax : nullptr,
@@ -726,6 +754,12 @@ int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int6
   if (stacked) {  // one group a dense matrix
     const int64_t group_rows = rows / groups, tiles_per_group = (group_rows + kOptTile - 1) / kOptTile;
     if (group_rows == 0) return kOk;
+    const bool plain = !vector_amax && !hadamard && !stochastic && four_over_six == 0 && row_data != nullptr &&
+                       col_data != nullptr && group_rows % 16 == 0 && groups <= 65535;
+    if (plain && stacked_flat_fits<InT>(a, group_rows)) {
+      return block_2d ? launch_stacked_flat<InT, kHardwareCvt, true>(a, group_rows, workspace, stream)
+                      : launch_stacked_flat<InT, kHardwareCvt, false>(a, group_rows, workspace, stream);
+    }
     if (!vector_amax && !hadamard) {
       const int64_t vecs = group_rows * (cols / Element<InT>::kPerVector);
       const int64_t wanted = std::max<int64_t>(1, kStackedAmaxCtas / groups);
@@ -736,8 +770,6 @@ int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int6
       grouped_amax_kernel<InT><<<grouped_grid(capacity, cols), kOptThreads, 0, stream>>>(a);
     }
     if (const int launched = launch_status(); launched != kOk) return launched;
-    const bool plain = !vector_amax && !hadamard && !stochastic && four_over_six == 0 && row_data != nullptr &&
-                       col_data != nullptr && group_rows % 16 == 0 && groups <= 65535;
     if (plain) {
       return block_2d ? launch_stacked_plain<InT, kHardwareCvt, true>(a, group_rows, stream)
                       : launch_stacked_plain<InT, kHardwareCvt, false>(a, group_rows, stream);
