@@ -202,9 +202,9 @@ def _assert_each_expert_is_its_dense_quantization(w, got, block):
 @pytest.mark.parametrize("block", [(16, 16), (1, 16)], ids=["16x16", "1x16"])
 def test_stacked_weights_in_one_grid_over_several_waves(block):
     """The one-grid stacked kernel takes each expert's amax itself, a unit at a time, shortly before it quantizes
-    the expert's units: CTAs wait for experts whose amaxes other CTAs are still taking. 192 experts of 4 units
-    each (more units than the GPU has CTA slots), amaxes 2^-8 .. 2^8, one expert with an infinity and one with a
-    NaN: each expert equals the dense quantization of its slice."""
+    the expert's units: CTAs wait for experts whose amaxes other CTAs are still taking. 192 experts of 16 units
+    each (3072 units: several times the GPU's CTA slots), amaxes 2^-8 .. 2^8, one expert with an infinity and one
+    with a NaN: each expert equals the dense quantization of its slice."""
     torch.manual_seed(9)
     scales = torch.exp2(torch.linspace(-8, 8, 192, device="cuda")).view(-1, 1, 1)
     w = (torch.randn(192, 256, 2048, device="cuda") * scales).to(torch.bfloat16)

@@ -111,7 +111,7 @@ __host__ __device__ constexpr bool quant_units_dealt(int64_t units, int64_t ctas
 // H200). On the H100 (bench/RESULTS.md, 2026-12-07, graph us, bf16, 16x16 blocks), against an amax pass and then
 // whole units (8 tiles): Qwen3-30B-A3B's FC1 experts 841 -> 802, FC2's 467 -> 408, Mixtral's 2049 -> 1917. With
 // the amaxes taken in the kernel, whole units gained only 0.5-4% and half units (4 tiles) lost 5% on FC1; leads
-// of 256 and 1024 units ran within 0.5% of 512.
+// of 256 and 1024 units ran within 0.6% of 512 (1.7% with 1x16 blocks).
 constexpr int64_t kStackedFlatAmaxLead = 512;
 constexpr int kCodeStageBytes = kCodeStageTiles * kQuantTileCols / 2, kScaleStageBytes = kUnitTiles * kQuantTileCols / 16;
 // A lane holds its patch in 64 registers; at most 128 per thread gives 4 CTAs, 16 warps, per SM.
@@ -344,9 +344,10 @@ __device__ __forceinline__ void store_piece(uint8_t* dst, const uint8_t* src, in
 // kStackedFlat: stacked matrices of row_groups.matrix_rows rows each (a multiple of a unit's rows), quantized as
 // one [rows, cols] tensor whose units the CTAs take from a counter in order across matrices (grid y = 1); each
 // unit takes its matrix's amaxes (tensor scaling), which this kernel takes too (flat_amax_units), and writes its
-// columnwise outputs to its matrix's copy, which follows the one before it. (With one grid row a matrix, each CTA working through its own matrix's units, the stacked quantize
-// kernel took 6-13% more time an element than a dense one; in one grid Qwen3-30B-A3B's FC1 experts took 858 us
-// instead of 970, a dense tensor's time: bench/RESULTS.md, 2026-12-07, H100.)
+// columnwise outputs to its matrix's copy, which follows the one before it. (With one grid row a matrix, each CTA
+// working through its own matrix's units, the stacked quantize kernel took 6-13% more time an element than a dense
+// one; in one grid Qwen3-30B-A3B's FC1 experts took 858 us instead of 970, a dense tensor's time: bench/RESULTS.md,
+// 2026-12-07, H100.)
 // With neither, row_groups is unused (the dense launches pass it empty).
 template <class InT, bool kRowwise, bool kColwise, bool kRowScaled, bool k2D, bool kHardwareCvt, bool kHadamard,
           bool kStochastic, bool kGrouped = false, bool kStackedFlat = false>
@@ -687,7 +688,8 @@ __global__ void __launch_bounds__(kQuantThreads, kQuantMinCtasPerSm)
 #pragma unroll
           for (int i = 0; i < 16; ++i)
 #pragma unroll
-            for (int e = 0; e < kVec; ++e) bits = max(bits, float_abs_bits(Element<InT>::word_element_to_float(&patch[i].x, e)));
+            for (int e = 0; e < kVec; ++e)
+              bits = max(bits, float_abs_bits(Element<InT>::word_element_to_float(&patch[i].x, e)));
         }
         bits = warp_max_bits(bits);
         const int64_t m = item / flat_matrix_units;
