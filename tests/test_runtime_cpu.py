@@ -208,10 +208,17 @@ def test_built_quantize_grouped_library_checks_problems(name):
     stacked = {"block_2d": 1, "vector": 0, "stacked": 1, "workspace": 0x9000}
     assert kernel.can_implement(*with_(**stacked, rows=48)) == 0  # 3 experts of 16 rows
     assert kernel.can_implement(*with_(**stacked)) == 1  # 40 rows are not 3 experts' worth
-    # stacked weights take counters (two, and one an expert) in the workspace, 4-byte aligned
-    assert kernel.workspace_size(*with_(**stacked, rows=48)) == 4 * (3 + 2)
-    assert kernel.can_implement(*with_(**{**stacked, "workspace": None}, rows=48)) == 1
-    assert kernel.can_implement(*with_(**{**stacked, "workspace": 0x9002}, rows=48)) == 2
+    # stacked weights whose experts are whole 256-row units go to the one-grid launch, which takes counters (two,
+    # and one an expert) in the workspace, 4-byte aligned; other stacked calls take none
+    flat = {**stacked, "rows": 768, "capacity": 768}
+    assert kernel.workspace_size(*with_(**flat)) == 4 * (3 + 2)
+    assert kernel.can_implement(*with_(**flat)) == 0
+    assert kernel.can_implement(*with_(**{**flat, "workspace": None})) == 1
+    assert kernel.can_implement(*with_(**{**flat, "workspace": 0x9002})) == 2
+    assert kernel.workspace_size(*with_(**{**flat, "hadamard": 1, "block_2d": 0})) == 0  # the amax pass's options
+    assert kernel.workspace_size(*with_(**{**flat, "col_data": None})) == 0  # one copy: the amax pass
+    assert kernel.workspace_size(*with_(**stacked, rows=48)) == 0  # 16 rows an expert: one grid row an expert
+    assert kernel.can_implement(*with_(**{**stacked, "workspace": None}, rows=48)) == 0
     assert kernel.can_implement(*with_(col_data=None, hadamard=1)) == 1  # the transform is of the columnwise copy
     assert kernel.can_implement(*with_(row_stride=44)) == 1  # scale rows are codes rows / 8
 

@@ -36,7 +36,9 @@
 // it (see rows_special), so that their dependent chains overlap; __frcp_rn's branch had serialized them.
 //
 // The pass is launched as the programmatic dependent of the kernel that writes its amaxes (the amax pass, or
-// column_amax_reduce_kernel after the row pass) and waits for it (griddepcontrol.wait) before it reads them.
+// column_amax_reduce_kernel after the row pass) and waits for it (griddepcontrol.wait) before it reads them;
+// stacked weights in one grid (kStackedFlat) follow only the zeroing of their counters and take the amaxes
+// themselves (flat_amax_units).
 #pragma once
 
 #include <algorithm>

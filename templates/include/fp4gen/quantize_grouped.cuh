@@ -567,6 +567,27 @@ inline GroupedQuantizeArgs grouped_quantize_args(
                              static_cast<int>(four_over_six)};
 }
 
+// Where stacked weights (one dense [group_rows, cols] matrix a group) are quantized. Both copies, rounded to
+// nearest and scaled by each group's amax, take the plain quantize kernel: as one [groups * group_rows, cols]
+// tensor in one grid (kStackedFlat) where each group's rows are whole units (within the kernel's tile count), else
+// after stacked_amax_kernel with one grid row a group. Any other options: the amax pass, then their encode pass.
+enum class StackedLaunch { kFlat, kGridRows, kEncode };
+
+template <class InT>
+StackedLaunch stacked_launch(const GroupedQuantizeArgs& a) {
+  constexpr int64_t kTileRows = QuantLane<InT>::kTileRows, kRowsPerUnit = kTileRows * kQuantWarps;
+  const int64_t group_rows = a.rows / a.groups;
+  const bool plain = !a.vector_amax && !a.hadamard && !a.stochastic && a.four_over_six == 0 && a.row_data != nullptr &&
+                     a.col_data != nullptr && group_rows % 16 == 0;
+  if (plain && group_rows > 0 && a.cols > 0 && group_rows % kRowsPerUnit == 0 &&
+      a.groups * group_rows / kTileRows * quant_tiles_k(a.cols) <= kMaxQuantTiles)
+    return StackedLaunch::kFlat;
+  return plain && a.groups <= 65535 ? StackedLaunch::kGridRows : StackedLaunch::kEncode;  // (gridDim.y)
+}
+
+// The counters of the flat stacked launch (QuantRowGroups::flat_counters): two, then one a group.
+inline size_t stacked_flat_counters_bytes(int64_t groups) { return sizeof(uint32_t) * static_cast<size_t>(groups + 2); }
+
 template <class InT>
 int quantize_grouped_can_implement(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols,
                                    const int64_t* offsets, const int64_t* padded_ends, int64_t groups,
@@ -587,7 +608,12 @@ int quantize_grouped_can_implement(const void* x, int64_t x_row_stride, int64_t 
     return kInvalidProblem;
   if (block_2d && (vector_amax || hadamard || !stacked)) return kInvalidProblem;  // 16x16: stacked weights, per group
   if (stacked && rows % groups != 0) return kInvalidProblem;  // [E * N, K]: N rows a group
-  if (stacked && workspace == nullptr) return kInvalidProblem;  // (quantize_grouped_workspace_size)
+  if (stacked && workspace == nullptr &&
+      stacked_launch<InT>(grouped_quantize_args(
+          x, x_row_stride, rows, cols, offsets, padded_ends, groups, capacity, row_amax, col_amax, row_data, row_scale,
+          col_data, col_scale, col_group_stride, col_row_stride, stacked, rng_state, vector_amax, block_2d, hadamard,
+          four_over_six, stochastic)) == StackedLaunch::kFlat)
+    return kInvalidProblem;  // the flat launch's counters (quantize_grouped_workspace_size)
   if (workspace != nullptr && !aligned(workspace, 4)) return kMisaligned;
   if (hadamard && !colwise) return kInvalidProblem;
   if (stochastic && rng_state == nullptr) return kInvalidProblem;
@@ -636,18 +662,6 @@ void launch_encode(const GroupedQuantizeArgs& a, dim3 grid, cudaStream_t stream,
   } else {
     if (a.hadamard) launch(No{}, Yes{}, No{}); else launch(No{}, No{}, No{});
   }
-}
-
-// The counters of the flat stacked launch (QuantRowGroups::flat_counters): two, then one a group.
-inline size_t stacked_flat_counters_bytes(int64_t groups) { return sizeof(uint32_t) * static_cast<size_t>(groups + 2); }
-
-// Whether stacked weights go to the plain quantize kernel as one [groups * group_rows, cols] tensor
-// (kStackedFlat): each group's rows whole units, within the kernel's tile count.
-template <class InT>
-bool stacked_flat_fits(const GroupedQuantizeArgs& a, int64_t group_rows) {
-  constexpr int64_t kRowsPerUnit = QuantLane<InT>::kTileRows * kQuantWarps;
-  return group_rows % kRowsPerUnit == 0 &&
-         a.groups * group_rows / QuantLane<InT>::kTileRows * quant_tiles_k(a.cols) <= kMaxQuantTiles;
 }
 
 // Stacked weights in the plain quantize kernel as one flat tensor, which takes the groups' amaxes itself (no amax
@@ -718,13 +732,21 @@ int launch_grouped_tokens_plain(const GroupedQuantizeArgs& a, cudaStream_t strea
       a.rng_state, groups, stream);
 }
 
-// Stacked weights: the flat launch's counters (taken whatever the launch, so that the caller need not know it).
+// Stacked weights in one grid: the flat launch's counters. Nothing for any other call.
 template <class InT>
-size_t quantize_grouped_workspace_size(const void*, int64_t, int64_t, int64_t, const int64_t*, const int64_t*,
-                                       int64_t groups, int64_t, float*, float*, uint8_t*, uint8_t*, uint8_t*, uint8_t*,
-                                       int64_t, int64_t, int64_t stacked, const int64_t*, int64_t, int64_t, int64_t,
-                                       int64_t, int64_t, void*) {
-  return stacked && groups > 0 ? stacked_flat_counters_bytes(groups) : 0;
+size_t quantize_grouped_workspace_size(const void* x, int64_t x_row_stride, int64_t rows, int64_t cols,
+                                       const int64_t* offsets, const int64_t* padded_ends, int64_t groups,
+                                       int64_t capacity, float* row_amax, float* col_amax, uint8_t* row_data,
+                                       uint8_t* row_scale, uint8_t* col_data, uint8_t* col_scale,
+                                       int64_t col_group_stride, int64_t col_row_stride, int64_t stacked,
+                                       const int64_t* rng_state, int64_t vector_amax, int64_t block_2d,
+                                       int64_t hadamard, int64_t four_over_six, int64_t stochastic, void*) {
+  if (!stacked || groups < 1 || capacity == 0) return 0;
+  const GroupedQuantizeArgs a = grouped_quantize_args(
+      x, x_row_stride, rows, cols, offsets, padded_ends, groups, capacity, row_amax, col_amax, row_data, row_scale,
+      col_data, col_scale, col_group_stride, col_row_stride, stacked, rng_state, vector_amax, block_2d, hadamard,
+      four_over_six, stochastic);
+  return stacked_launch<InT>(a) == StackedLaunch::kFlat ? stacked_flat_counters_bytes(groups) : 0;
 }
 
 // Zeroes the amaxes, runs the amax pass, then the encode pass of the options asked for.
@@ -754,9 +776,8 @@ int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int6
   if (stacked) {  // one group a dense matrix
     const int64_t group_rows = rows / groups, tiles_per_group = (group_rows + kOptTile - 1) / kOptTile;
     if (group_rows == 0) return kOk;
-    const bool plain = !vector_amax && !hadamard && !stochastic && four_over_six == 0 && row_data != nullptr &&
-                       col_data != nullptr && group_rows % 16 == 0 && groups <= 65535;
-    if (plain && stacked_flat_fits<InT>(a, group_rows)) {
+    const StackedLaunch launch = stacked_launch<InT>(a);
+    if (launch == StackedLaunch::kFlat) {
       return block_2d ? launch_stacked_flat<InT, kHardwareCvt, true>(a, group_rows, workspace, stream)
                       : launch_stacked_flat<InT, kHardwareCvt, false>(a, group_rows, workspace, stream);
     }
@@ -770,7 +791,7 @@ int quantize_grouped_run(const void* x, int64_t x_row_stride, int64_t rows, int6
       grouped_amax_kernel<InT><<<grouped_grid(capacity, cols), kOptThreads, 0, stream>>>(a);
     }
     if (const int launched = launch_status(); launched != kOk) return launched;
-    if (plain) {
+    if (launch == StackedLaunch::kGridRows) {
       return block_2d ? launch_stacked_plain<InT, kHardwareCvt, true>(a, group_rows, stream)
                       : launch_stacked_plain<InT, kHardwareCvt, false>(a, group_rows, stream);
     }
