@@ -117,7 +117,7 @@ def load_build_py(project: Path = ROOT):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "nvcc: compiles a kernel with the real nvcc (slow; skipped without nvcc)")
+    config.addinivalue_line("markers", "nvcc: compiles the checkout's sources with the real nvcc (slow)")
 
 
 def pytest_collection_modifyitems(config, items):

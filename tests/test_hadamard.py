@@ -164,6 +164,7 @@ def test_nan_outputs_are_the_canonical_quiet_nan():
 
 # ---- the kernels' first butterfly stage -----------------------------------------------------------------------
 
+@pytest.mark.nvcc
 def test_kernels_fused_first_stage_gives_the_quartered_values(tmp_path):
     """The kernels' transform of 16-bit inputs folds the quarter into its first stage's fused multiply-adds
     (hadamard.cuh). tests/cuda/hadamard_exhaustive.cu runs that very code on the CPU: every bf16 and fp16 pattern in
