@@ -218,6 +218,9 @@ def test_built_quantize_grouped_library_checks_problems(name):
     assert kernel.workspace_size(*with_(**{**flat, "hadamard": 1, "block_2d": 0})) == 0  # the amax pass's options
     assert kernel.workspace_size(*with_(**{**flat, "col_data": None})) == 0  # one copy: the amax pass
     assert kernel.workspace_size(*with_(**stacked, rows=48)) == 0  # 16 rows an expert: one grid row an expert
+    # nothing to quantize (no padded rows): no launch, no workspace asked for or checked
+    assert kernel.workspace_size(*with_(**{**flat, "capacity": 0})) == 0
+    assert kernel.can_implement(*with_(**{**flat, "capacity": 0, "workspace": None})) == 0
     assert kernel.can_implement(*with_(**{**stacked, "workspace": None}, rows=48)) == 0
     assert kernel.can_implement(*with_(col_data=None, hadamard=1)) == 1  # the transform is of the columnwise copy
     assert kernel.can_implement(*with_(row_stride=44)) == 1  # scale rows are codes rows / 8

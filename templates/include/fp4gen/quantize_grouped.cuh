@@ -579,7 +579,7 @@ StackedLaunch stacked_launch(const GroupedQuantizeArgs& a) {
   const int64_t group_rows = a.rows / a.groups;
   const bool plain = !a.vector_amax && !a.hadamard && !a.stochastic && a.four_over_six == 0 && a.row_data != nullptr &&
                      a.col_data != nullptr && group_rows % 16 == 0;
-  if (plain && group_rows > 0 && a.cols > 0 && group_rows % kRowsPerUnit == 0 &&
+  if (plain && group_rows > 0 && a.cols > 0 && a.capacity > 0 && group_rows % kRowsPerUnit == 0 &&
       a.groups * group_rows / kTileRows * quant_tiles_k(a.cols) <= kMaxQuantTiles)
     return StackedLaunch::kFlat;
   return plain && a.groups <= 65535 ? StackedLaunch::kGridRows : StackedLaunch::kEncode;  // (gridDim.y)
@@ -741,7 +741,7 @@ size_t quantize_grouped_workspace_size(const void* x, int64_t x_row_stride, int6
                                        int64_t col_group_stride, int64_t col_row_stride, int64_t stacked,
                                        const int64_t* rng_state, int64_t vector_amax, int64_t block_2d,
                                        int64_t hadamard, int64_t four_over_six, int64_t stochastic, void*) {
-  if (!stacked || groups < 1 || capacity == 0) return 0;
+  if (!stacked || groups < 1) return 0;
   const GroupedQuantizeArgs a = grouped_quantize_args(
       x, x_row_stride, rows, cols, offsets, padded_ends, groups, capacity, row_amax, col_amax, row_data, row_scale,
       col_data, col_scale, col_group_stride, col_row_stride, stacked, rng_state, vector_amax, block_2d, hadamard,
