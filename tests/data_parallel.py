@@ -81,6 +81,7 @@ def make_model(device, kind="linear"):
     "linear_unkept", "experts_unkept": "linear" and "experts" with keep_quantized_weight=False; "qwen3_moe":
     TinyQwen3Moe."""
     torch.manual_seed(0)
+    fp4gen.RNGState.default(device).reset()  # (seeding 0 again would not restart it; stochastic rounding draws)
     if kind == "qwen3_moe":
         return TinyQwen3Moe(device)
     keep = not kind.endswith("_unkept")
@@ -156,9 +157,37 @@ def shard_layers(model):
     fully_shard(model)
 
 
-def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD, device_type="cuda", destroy=True):
-    """One rank of a "ddp", "fsdp2" or "fsdp2+compile" run, saved to out_dir/{mode}_rank{rank}.pt; destroy=False
-    leaves the process group to the caller."""
+def run_on_rank(rank, mode, kind, world, device, device_type, out_dir):
+    """One "ddp", "fsdp2" or "fsdp2+compile" run of the model `kind` on this rank (its process group up), saved to
+    out_dir/{mode}_{kind}_rank{rank}.pt."""
+    model = make_model(device, kind)
+    if mode == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank] if device_type == "cuda" else None)
+        module = model.module
+    else:
+        shard_layers(model)
+        module = model
+        if mode == "fsdp2+compile":  # the sharded model under torch.compile (Inductor)
+            model = torch.compile(model)
+    from torch._dynamo.utils import counters
+    graphs_before = counters["stats"]["unique_graphs"]  # (an earlier run of this process may have compiled)
+    saved_bytes = [] if mode != "fsdp2+compile" else None
+    losses = train(model, rank, world, device, saved_bytes)
+    grads = {}
+    if mode == "ddp":  # the gradients of the last step, after DDP's all-reduce
+        grads = {name: p.grad.detach().cpu() for name, p in module.named_parameters()}
+    # FSDP2's parameters are shards (DTensors): full_tensor() gathers them, a collective every rank joins
+    params = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
+              for name, p in module.named_parameters()}
+    graphs = counters["stats"]["unique_graphs"] - graphs_before  # what torch.compile traced, if it ran
+    torch.save({"losses": losses, "grads": grads, "params": params, "graphs": graphs, "saved_bytes": saved_bytes},
+               os.path.join(out_dir, f"{mode}_{kind}_rank{rank}.pt"))
+
+
+def worker(rank, runs, rdzv, out_dir, world=WORLD, device_type="cuda", destroy=True):
+    """One rank's process: joins the process group once, then does each (mode, kind) of runs in turn (see
+    run_on_rank). Every run starts from the same state, whatever ran before it in the process: make_model seeds
+    torch and restarts fp4gen's default random state. destroy=False leaves the process group to the caller."""
     if device_type == "cuda":
         os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (see the device notes in the README)
         torch.cuda.set_device(rank)
@@ -168,43 +197,23 @@ def worker(rank, mode, rdzv, out_dir, kind="linear", world=WORLD, device_type="c
     dist.init_process_group(BACKENDS[device_type], init_method=f"file://{rdzv}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     try:
-        model = make_model(device, kind)
-        if mode == "ddp":
-            model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[rank] if device_type == "cuda" else None)
-            module = model.module
-        else:
-            shard_layers(model)
-            module = model
-            if mode == "fsdp2+compile":  # the sharded model under torch.compile (Inductor)
-                model = torch.compile(model)
-        saved_bytes = [] if mode != "fsdp2+compile" else None
-        losses = train(model, rank, world, device, saved_bytes)
-        grads = {}
-        if mode == "ddp":  # the gradients of the last step, after DDP's all-reduce
-            grads = {name: p.grad.detach().cpu() for name, p in module.named_parameters()}
-        # FSDP2's parameters are shards (DTensors): full_tensor() gathers them, a collective every rank joins
-        params = {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
-                  for name, p in module.named_parameters()}
-        from torch._dynamo.utils import counters
-        graphs = counters["stats"]["unique_graphs"]  # what torch.compile traced, if it ran
-        torch.save({"losses": losses, "grads": grads, "params": params, "graphs": graphs, "saved_bytes": saved_bytes},
-                   os.path.join(out_dir, f"{mode}_rank{rank}.pt"))
+        for mode, kind in runs:
+            run_on_rank(rank, mode, kind, world, device, device_type, out_dir)
     finally:
         if destroy:
             dist.destroy_process_group()
 
 
-def spawned_rank(rank, mode, rdzv, out_dir, kind, world, device_type):
+def spawned_rank(rank, runs, rdzv, out_dir, world, device_type):
     """mp.spawn's entry. A gloo rank exits without tearing its process group down: destroying a gloo group joins
     its work threads while holding the GIL, and a thread still releasing a finished collective's Python tensors
     waits for the GIL, so the rank hung about one run in ten (PyTorch 2.13, CPU). It exits at once instead, 1 with
     the traceback on stderr if the run raised."""
     if device_type != "cpu":
-        worker(rank, mode, rdzv, out_dir, kind, world, device_type)
+        worker(rank, runs, rdzv, out_dir, world, device_type)
         return
     try:
-        worker(rank, mode, rdzv, out_dir, kind, world, device_type, destroy=False)
+        worker(rank, runs, rdzv, out_dir, world, device_type, destroy=False)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
@@ -212,8 +221,14 @@ def spawned_rank(rank, mode, rdzv, out_dir, kind, world, device_type):
     os._exit(0)
 
 
-def run_data_parallel(mode, tmp_path, kind="linear", device_type="cuda"):
-    """Every rank's saved results of a WORLD-process run."""
-    mp.spawn(spawned_rank, args=(mode, str(tmp_path / f"rdzv_{mode}"), str(tmp_path), kind, WORLD, device_type),
+def load_run(out_dir, mode, kind, world=WORLD) -> list:
+    """Every rank's saved results of one run."""
+    return [torch.load(os.path.join(out_dir, f"{mode}_{kind}_rank{r}.pt")) for r in range(world)]
+
+
+def run_data_parallel(runs, tmp_path, device_type="cuda") -> list:
+    """runs: (mode, kind) pairs, done one after the other by one WORLD-process group (a process pair costs seconds
+    to start: torch's import, fp4gen's libraries, the rendezvous); for each run, every rank's saved results."""
+    mp.spawn(spawned_rank, args=(list(runs), str(tmp_path / "rdzv"), str(tmp_path), WORLD, device_type),
              nprocs=WORLD, join=True)
-    return [torch.load(tmp_path / f"{mode}_rank{r}.pt") for r in range(WORLD)]
+    return [load_run(tmp_path, mode, kind) for mode, kind in runs]

@@ -30,8 +30,7 @@ pytestmark = [
 @pytest.mark.parametrize("kind", ["linear", "linear_sr", "experts", "experts_3", "linear_unkept", "experts_unkept",
                                   pytest.param("qwen3_moe", marks=needs_transformers)])
 def test_fsdp2_on_two_cpu_ranks_equals_ddp_bit_for_bit(tmp_path, kind):
-    fsdp = run_data_parallel("fsdp2", tmp_path, kind, device_type="cpu")
-    ddp = run_data_parallel("ddp", tmp_path, kind, device_type="cpu")
+    fsdp, ddp = run_data_parallel([("fsdp2", kind), ("ddp", kind)], tmp_path, device_type="cpu")
     losses = ddp[0]["losses"]
     assert losses[-1] < 0.8 * losses[0], losses  # the run trains, so a stale weight would show
     for rank in range(WORLD):
@@ -44,8 +43,7 @@ def test_fsdp2_on_two_cpu_ranks_equals_ddp_bit_for_bit(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", ["linear", "experts", "linear_unkept", "experts_unkept"])
 def test_fsdp2_under_torch_compile_on_two_cpu_ranks_equals_eager_fsdp2(tmp_path, kind):
-    eager = run_data_parallel("fsdp2", tmp_path, kind, device_type="cpu")
-    compiled = run_data_parallel("fsdp2+compile", tmp_path, kind, device_type="cpu")
+    eager, compiled = run_data_parallel([("fsdp2", kind), ("fsdp2+compile", kind)], tmp_path, device_type="cpu")
     assert eager[0]["losses"][-1] < 0.8 * eager[0]["losses"][0]
     for rank in range(WORLD):
         assert compiled[rank]["graphs"] > 0 and eager[rank]["graphs"] == 0  # the compiled run was traced
@@ -64,11 +62,7 @@ def test_under_fsdp2_layers_that_keep_no_quantized_weight_save_no_unsharded_copy
     """After a forward under FSDP2, what kept layers saved for backward holds their whole weights' columnwise NVFP4
     copies on every rank; with keep_quantized_weight=False they save the gathered weight itself, which FSDP2 frees
     after the forward (and gathers again for backward), so at least those codes' bytes less stay held."""
-    runs = {}
-    for run in (kind, f"{kind}_unkept"):  # a directory a run: each needs its own rendezvous file
-        (tmp_path / run).mkdir()
-        runs[run] = run_data_parallel("fsdp2", tmp_path / run, run, device_type="cpu")
-    kept, unkept = runs[kind], runs[f"{kind}_unkept"]
+    kept, unkept = run_data_parallel([("fsdp2", kind), ("fsdp2", f"{kind}_unkept")], tmp_path, device_type="cpu")
     for rank in range(WORLD):
         [held], [held_unkept] = kept[rank]["saved_bytes"], unkept[rank]["saved_bytes"]
         assert held - held_unkept >= W_COLUMNWISE_CODES[kind], (rank, held, held_unkept)

@@ -9,7 +9,7 @@ rank processes are tests/data_parallel.py's, which tests/test_distributed_cpu.py
 import pytest
 import torch
 
-from data_parallel import WORLD, fully_shard, make_model, run_data_parallel, train, worker
+from data_parallel import WORLD, fully_shard, load_run, make_model, run_data_parallel, train, worker
 
 pytestmark = [pytest.mark.gpu]
 needs_world = pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} CUDA devices")
@@ -39,7 +39,7 @@ def assert_losses_match(parallel, single):
 
 @needs_world
 def test_ddp_matches_single_gpu_and_ranks_hold_identical_gradients(tmp_path, single_gpu_losses):
-    ranks = run_data_parallel("ddp", tmp_path)
+    [ranks] = run_data_parallel([("ddp", "linear")], tmp_path)
     assert ranks[0]["losses"] == ranks[1]["losses"]
     assert_losses_match(ranks[0]["losses"], single_gpu_losses)
     assert ranks[0]["grads"].keys() == ranks[1]["grads"].keys() and ranks[0]["grads"]
@@ -51,7 +51,7 @@ def test_ddp_matches_single_gpu_and_ranks_hold_identical_gradients(tmp_path, sin
 @pytest.mark.skipif(fully_shard is None, reason="this PyTorch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
 @pytest.mark.parametrize("kind", ["linear", "linear_unkept"])
 def test_fsdp2_matches_single_gpu(tmp_path, single_gpu_losses, kind):
-    ranks = run_data_parallel("fsdp2", tmp_path, kind)
+    [ranks] = run_data_parallel([("fsdp2", kind)], tmp_path)
     assert ranks[0]["losses"] == ranks[1]["losses"]
     assert_losses_match(ranks[0]["losses"], single_gpu_losses)
 
@@ -62,7 +62,7 @@ def test_fsdp2_matches_single_gpu(tmp_path, single_gpu_losses, kind):
 def test_fsdp2_grouped_linear_matches_single_gpu(tmp_path, single_gpu_expert_losses, kind):
     """The [E, out, in] expert weight sharded along its experts; the quantized weight must follow each
     unshard after an optimizer step (the cache's optimizer-step key), or the loss would stall."""
-    ranks = run_data_parallel("fsdp2", tmp_path, kind)
+    [ranks] = run_data_parallel([("fsdp2", kind)], tmp_path)
     assert ranks[0]["losses"] == ranks[1]["losses"]
     assert_losses_match(ranks[0]["losses"], single_gpu_expert_losses)
 
@@ -76,8 +76,9 @@ def test_fsdp2_one_rank_matches_single_gpu(tmp_path, request, kind, single_losse
     optimizer step would move the loss far beyond this tolerance (on the H200, with the optimizer-step hook
     removed from the weight cache, at step 7 for the Linear stack and step 2 for the experts)."""
     single = request.getfixturevalue(single_losses)
-    worker(0, "fsdp2", str(tmp_path / "rdzv"), str(tmp_path), kind, world=1)
-    sharded = torch.load(tmp_path / "fsdp2_rank0.pt")["losses"]
+    worker(0, [("fsdp2", kind)], str(tmp_path / "rdzv"), str(tmp_path), world=1)
+    [sharded] = load_run(tmp_path, "fsdp2", kind, world=1)
+    sharded = sharded["losses"]
     assert single[-1] < 0.8 * single[0], single  # the run trains
     for step, (p, s) in enumerate(zip(sharded, single)):
         assert abs(p - s) <= 1e-3 * abs(s), (step, sharded, single)
@@ -90,11 +91,7 @@ def test_fsdp2_one_rank_layers_that_keep_no_quantized_weight_save_less_and_compu
     launcher's steps quantize W at backward for the Linear stack), with at least W's columnwise codes fewer bytes held
     by what the first forward saved (the saved weights are freed by FSDP2's reshard after the forward)."""
     from test_distributed_cpu import W_COLUMNWISE_CODES
-    runs = {}
-    for run in (kind, f"{kind}_unkept"):
-        (tmp_path / run).mkdir()
-        worker(0, "fsdp2", str(tmp_path / run / "rdzv"), str(tmp_path / run), run, world=1)
-        runs[run] = torch.load(tmp_path / run / "fsdp2_rank0.pt")
-    kept, unkept = runs[kind], runs[f"{kind}_unkept"]
+    worker(0, [("fsdp2", kind), ("fsdp2", f"{kind}_unkept")], str(tmp_path / "rdzv"), str(tmp_path), world=1)
+    [kept], [unkept] = (load_run(tmp_path, "fsdp2", run, world=1) for run in (kind, f"{kind}_unkept"))
     assert unkept["losses"] == kept["losses"] and kept["losses"][-1] < 0.8 * kept["losses"][0]
     assert kept["saved_bytes"][0] - unkept["saved_bytes"][0] >= W_COLUMNWISE_CODES[kind]
